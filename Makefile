@@ -1,0 +1,54 @@
+# k8s-vgpu — the one entry point.  `make` builds all C into build/;
+# `make test` runs the suites; `make demo` runs the node stack; `make bench-*`.
+SHELL := /bin/bash
+BUILD   ?= build
+VENV    ?= .venv
+PYTHON  ?= python3
+CC      ?= cc
+PY      := $(VENV)/bin/python
+CSTD    := -std=c11 -D_GNU_SOURCE
+CWARN   := -Wall -Wextra -Werror
+COPT    ?= -O2 -g
+CFLAGS_LIB  := $(CSTD) $(CWARN) $(COPT) -fPIC -fvisibility=hidden
+CFLAGS_PROG := $(CSTD) $(CWARN) $(COPT)
+PYTEST_ARGS ?=
+
+# Every fragment appends its outputs to ALL_TARGETS.
+ALL_TARGETS :=
+
+.PHONY: all venv test lint demo clean bench-intercept bench-hook bench-plugin bench-shares deb rpm test-asan
+
+all: build-all
+
+include tests/fakegpu/build.mk
+include libcuda_intercept/build.mk
+
+build-all: $(ALL_TARGETS)
+
+$(BUILD):
+	mkdir -p $@
+
+# --- Python environment -------------------------------------------------------
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# --- tests --------------------------------------------------------------------
+test: venv build-all
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check . || true
+	$(VENV)/bin/mypy
+
+# --- demo ---------------------------------------------------------------------
+demo: venv build-all
+	@echo "make demo: will run the whole node stack (device plugin, hook under runc, monitor)"
+	@echo "on the simulated GPU (or a real one); lands with the packaging/demo issue."
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,1 @@
+"""vgpu-device-plugin: kubelet device plugin that splits GPUs into vGPUs."""

@@ -1,0 +1,1 @@
+"""vgpu-monitor: compute-share enforcer, memory backstop, metrics."""

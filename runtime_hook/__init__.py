@@ -1,0 +1,1 @@
+"""vgpu-hook: OCI prestart/poststop hook and containerd configuration."""

@@ -1,0 +1,109 @@
+"""msgspec schemas for the records exchanged between the daemons (contracts 1 and 2).
+
+Allocation records are written by the device plugin and read by the hook;
+container metadata is written by the hook and read by the monitor and vgpuctl.
+Both are JSON files on the host, root-only.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Annotated
+
+import msgspec
+
+RECORD_VERSION = 1
+METADATA_VERSION = 1
+
+# Names carried by the device plugin's Allocate response (contract 1).
+TOKEN_ENV = "VGPU_ALLOCATION_TOKEN"
+TOKEN_ANNOTATION = "vgpu.k8s.io/allocation-token"
+
+Bytes = Annotated[int, msgspec.Meta(ge=0)]
+Percent = Annotated[int, msgspec.Meta(ge=0, le=10_000)]
+Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=95, pattern=r"^[A-Za-z0-9-]+$")]
+
+
+class AllocatedGPU(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One physical GPU of an allocation, with the container's slice of it."""
+
+    uuid: Uuid
+    memory_limit: Bytes
+    core_percent: Percent
+    vgpu_ids: list[str] = msgspec.field(default_factory=list)
+
+
+class AllocationRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`/var/lib/vgpu/allocations/<token>.json`."""
+
+    version: int = RECORD_VERSION
+    token: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{32}$")]
+    created: float
+    resource_name: str = "nvidia.com/gpu"
+    oversubscribe: bool = False
+    gpus: list[AllocatedGPU]
+
+
+class ContainerMetadata(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Host-only metadata in `/var/lib/vgpu/containers/<id>/metadata.json`."""
+
+    version: int = METADATA_VERSION
+    container_id: str
+    init_pid: int
+    init_start_time: int = 0
+    created: float
+    token: str
+    pod_namespace: str = ""
+    pod_name: str = ""
+    container_name: str = ""
+    pod_uid: str = ""
+    cgroup_path: str = ""
+    gpus: list[AllocatedGPU] = msgspec.field(default_factory=list)
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(obj: msgspec.Struct) -> bytes:
+    return _encoder.encode(obj)
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write a file atomically: temp file in the same directory, fsync, rename, fsync dir."""
+    d = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, path)
+        tmp = ""
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def read_record(path: str) -> AllocationRecord:
+    with open(path, "rb") as f:
+        return msgspec.json.decode(f.read(), type=AllocationRecord)
+
+
+def read_metadata(path: str) -> ContainerMetadata:
+    with open(path, "rb") as f:
+        return msgspec.json.decode(f.read(), type=ContainerMetadata)
