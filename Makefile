@@ -50,5 +50,15 @@ demo: venv build-all
 	@echo "make demo: will run the whole node stack (device plugin, hook under runc, monitor)"
 	@echo "on the simulated GPU (or a real one); lands with the packaging/demo issue."
 
+# --- benchmarks (each prints name=value lines, last line a summary) -------------
+bench-intercept: venv build-all
+	$(PY) tests/bench/bench_intercept.py
+bench-hook: venv build-all
+	$(PY) tests/bench/bench_hook.py
+bench-plugin: venv build-all
+	$(PY) tests/bench/bench_plugin.py
+bench-shares: venv build-all
+	$(PY) tests/bench/bench_shares.py
+
 clean:
 	rm -rf $(BUILD)
