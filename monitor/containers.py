@@ -1,0 +1,194 @@
+"""The per-container state directories made by the hook, as the monitor sees them.
+
+`<state_dir>/containers/<id>/` holds `metadata.json` (host-only, written by
+the hook: trusted), `limits` (trusted, written by the hook) and `region`
+(shared with the container: untrusted, validated on every read).  The scan is
+cheap: a directory is re-read only when its metadata/limits mtime changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+
+import msgspec
+
+from monitor import procs
+from monitor.procs import ProcKey
+from vgpu import limits as vlimits
+from vgpu import paths as vpaths
+from vgpu import region as vregion
+from vgpu import schemas
+from vgpu.log import kv
+
+log = logging.getLogger("vgpu.monitor.containers")
+
+HEADER_SIZE = 48  # magic .. generation: enough to see whether the region changed
+
+
+@dataclass
+class Container:
+    id: str
+    dir: str
+    metadata: schemas.ContainerMetadata | None = None
+    limits: dict[str, vlimits.DeviceLimit] = field(default_factory=dict)  # uuid -> limit
+    stamp: tuple[float, float] = (0.0, 0.0)
+    error: str = ""
+    # region cache
+    region: vregion.RegionSnapshot | None = None
+    region_generation: int = -1
+    region_error: str = ""
+    region_corrupt_total: int = 0
+
+    @property
+    def region_path(self) -> str:
+        return os.path.join(self.dir, vpaths.REGION_FILE)
+
+    @property
+    def init_key(self) -> ProcKey | None:
+        m = self.metadata
+        if m is None or m.init_pid <= 0:
+            return None
+        return ProcKey(m.init_pid, m.init_start_time)
+
+    def labels(self) -> dict[str, str]:
+        m = self.metadata
+        return {
+            "container_id": self.id,
+            "namespace": m.pod_namespace if m else "",
+            "pod": m.pod_name if m else "",
+            "container": m.container_name if m else "",
+        }
+
+    def share(self, uuid: str) -> float | None:
+        lim = self.limits.get(uuid)
+        return float(lim.core_percent) if lim else None
+
+    def memory_limit(self, uuid: str) -> int | None:
+        lim = self.limits.get(uuid)
+        return lim.memory_limit if lim else None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+class Registry:
+    def __init__(self, paths: vpaths.Paths) -> None:
+        self.paths = paths
+        self.containers: dict[str, Container] = {}
+
+    def scan(self) -> dict[str, Container]:
+        root = self.paths.containers_dir
+        try:
+            names = os.listdir(root)
+        except OSError:
+            names = []
+        seen = set()
+        for name in names:
+            if not vpaths.valid_container_id(name):
+                continue
+            d = os.path.join(root, name)
+            try:
+                st = os.lstat(d)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            seen.add(name)
+            c = self.containers.get(name)
+            if c is None:
+                c = self.containers[name] = Container(id=name, dir=d)
+            stamp = (_mtime(os.path.join(d, vpaths.METADATA_FILE)), _mtime(os.path.join(d, vpaths.LIMITS_FILE)))
+            if stamp != c.stamp:
+                self._load(c)
+                c.stamp = stamp
+        for name in list(self.containers):
+            if name not in seen:
+                del self.containers[name]
+        return self.containers
+
+    def _load(self, c: Container) -> None:
+        c.error = ""
+        try:
+            c.metadata = schemas.read_metadata(os.path.join(c.dir, vpaths.METADATA_FILE))
+        except FileNotFoundError:
+            c.metadata = None
+            c.error = "no metadata"
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            c.metadata = None
+            c.error = f"metadata: {e}"
+            log.warning(kv("unreadable container metadata", container=c.id, error=e))
+        lim: dict[str, vlimits.DeviceLimit] = {}
+        try:
+            with open(os.path.join(c.dir, vpaths.LIMITS_FILE), encoding="ascii", errors="replace") as f:
+                for d in vlimits.parse(f.read(65536)):
+                    lim[d.uuid] = d
+        except FileNotFoundError:
+            if c.metadata is not None:  # fall back to the GPUs of the metadata
+                for g in c.metadata.gpus:
+                    lim[g.uuid] = vlimits.DeviceLimit(
+                        uuid=g.uuid, memory_limit=g.memory_limit, core_percent=g.core_percent, oversubscribe=False
+                    )
+        except (OSError, vlimits.LimitsError) as e:
+            c.error = f"limits: {e}"
+            log.warning(kv("unreadable container limits", container=c.id, error=e))
+        c.limits = lim
+
+    def read_region(self, c: Container) -> vregion.RegionSnapshot | None:
+        """The container's region, re-parsed only when its generation changed; None if absent/corrupt.
+
+        The region is untrusted: every failure becomes `region_error` (and a
+        count), never an exception."""
+        try:
+            fd = os.open(c.region_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            c.region, c.region_error = None, ""
+            return None
+        except OSError as e:
+            return self._corrupt(c, f"open: {e.strerror}")
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return self._corrupt(c, "not a regular file")
+            head = os.pread(fd, HEADER_SIZE, 0)
+        finally:
+            os.close(fd)
+        if len(head) < HEADER_SIZE:
+            return self._corrupt(c, f"short region ({len(head)} bytes)")
+        generation = int.from_bytes(head[32:40], "little")
+        if c.region is not None and generation == c.region_generation and not c.region_error:
+            return c.region
+        try:
+            snap = vregion.read_region(c.region_path)
+        except vregion.RegionCorrupt as e:
+            return self._corrupt(c, str(e))
+        except OSError as e:
+            return self._corrupt(c, f"read: {e.strerror}")
+        c.region, c.region_generation, c.region_error = snap, generation, ""
+        return snap
+
+    def invalidate_region(self, c: Container) -> None:
+        c.region_generation = -1
+
+    def _corrupt(self, c: Container, why: str) -> None:
+        if c.region_error != why:
+            log.warning(kv("corrupt region", container=c.id, reason=why))
+            c.region_corrupt_total += 1
+        c.region, c.region_error, c.region_generation = None, why, -1
+        return None
+
+
+def init_alive(c: Container) -> bool:
+    k = c.init_key
+    if k is None:
+        return False
+    st = procs.read_stat(k.pid)
+    if st is None or st.state in ("Z", "X"):
+        return False
+    return k.start_time == 0 or st.start_time == k.start_time

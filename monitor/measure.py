@@ -1,0 +1,80 @@
+"""Per-process SM use over a sliding window, from NVML utilisation samples.
+
+A sample says "pid used sm% of the GPU during the last sample period".  The
+period is not documented and processes at 0 % may be absent, so each sample
+is weighted by the gap to the same pid's previous sample, capped at the
+typical gap (the median over recent samples of the GPU): a pid that
+reappears after an idle spell is not credited for the idle time.
+
+The window is anchored in NVML's own time base (the newest timestamp it
+returned), advanced by the wall time elapsed since that sample arrived, so
+nothing depends on NVML's clock base and samples still age out while the GPU
+is idle and NVML returns nothing new.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from monitor.observe import UtilSample
+
+DEFAULT_GAP_US = 100_000
+MAX_GAP_US = 1_000_000
+
+
+class UtilWindow:
+    def __init__(self, window_s: float) -> None:
+        self.window_us = int(window_s * 1e6)
+        self.samples: dict[int, deque[tuple[int, float]]] = {}  # pid -> (ts, sm * weight_us)
+        self.last_ts: dict[int, int] = {}
+        self.gaps: deque[int] = deque(maxlen=64)
+        self.newest = 0
+        self.newest_at = 0.0  # monotonic seconds when `newest` arrived
+        self.started_at: float | None = None
+
+    def typical_gap(self) -> int:
+        if not self.gaps:
+            return DEFAULT_GAP_US
+        return max(1000, min(MAX_GAP_US, int(statistics.median(self.gaps))))
+
+    def add(self, samples: list[UtilSample], now: float) -> None:
+        if self.started_at is None:
+            self.started_at = now
+        for s in sorted(samples, key=lambda x: x.ts):
+            prev = self.last_ts.get(s.pid)
+            if prev is not None and s.ts > prev:
+                gap = s.ts - prev
+                if gap <= MAX_GAP_US:
+                    self.gaps.append(gap)
+                weight = min(gap, self.typical_gap())
+            else:
+                weight = self.typical_gap()
+            self.last_ts[s.pid] = s.ts
+            self.samples.setdefault(s.pid, deque()).append((s.ts, s.sm * weight))
+            if s.ts > self.newest:
+                self.newest = s.ts
+                self.newest_at = now
+
+    def end(self, now: float) -> int:
+        return self.newest + int(max(0.0, now - self.newest_at) * 1e6)
+
+    def use(self, pid: int, now: float) -> float:
+        """Percent of the GPU used by `pid` over the window ending now."""
+        q = self.samples.get(pid)
+        if not q:
+            return 0.0
+        lo = self.end(now) - self.window_us
+        while q and q[0][0] <= lo:
+            q.popleft()
+        return sum(v for _, v in q) / self.window_us
+
+    def full(self, now: float) -> bool:
+        """True once the window has been observed for its whole length."""
+        return self.started_at is not None and now - self.started_at >= self.window_us / 1e6
+
+    def retain(self, pids: set[int]) -> None:
+        for pid in list(self.samples):
+            if pid not in pids:
+                del self.samples[pid]
+                self.last_ts.pop(pid, None)

@@ -1,0 +1,225 @@
+"""NVML observation for the monitor: per GPU, processes with contexts and their
+memory, per-process SM utilisation samples, device memory and utilisation.
+
+NVML facts this relies on (see docs/monitor.md):
+- nvmlDeviceGetComputeRunningProcesses (pynvml maps it to _v3, 24-byte entries)
+  lists host pids (the driver knows no pid namespaces).
+- nvmlDeviceGetProcessUtilization is called directly with a fixed buffer of
+  1024 samples (the sizing call is unreliable on some drivers), chaining
+  lastSeenTimeStamp from the timestamps NVML itself returned (no assumption
+  about its clock), NVML_ERROR_NOT_FOUND meaning "no newer samples".  Rows are
+  kept only if the pid has a context, every utilisation is <= 100 and the
+  timestamp is newer than lastSeen (garbage rows were seen in the field).
+- Any other error marks that GPU down for the loop; errors meaning the
+  library or driver went away (UNINITIALIZED, UNKNOWN, DRIVER_NOT_LOADED,
+  LIB_RM_VERSION_MISMATCH, GPU_IS_LOST on every device) trigger a full
+  nvmlShutdown/nvmlInit, retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu.log import kv
+
+log = logging.getLogger("vgpu.monitor.observe")
+
+UTIL_BUFFER = 1024
+
+
+@dataclass
+class UtilSample:
+    pid: int
+    ts: int  # NVML timestamp, microseconds (clock base unknown)
+    sm: int
+
+
+@dataclass
+class GpuObs:
+    index: int
+    uuid: str
+    name: str = ""
+    up: bool = True
+    error: str = ""
+    memory_total: int = 0
+    memory_used: int = 0
+    util: int = 0
+    procs: dict[int, int] = field(default_factory=dict)  # host pid -> used bytes
+    samples: list[UtilSample] = field(default_factory=list)
+
+
+def _pynvml() -> Any:
+    import pynvml
+
+    return pynvml
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+class NvmlSource:
+    """Stateful NVML reader: keeps handles, lastSeen per GPU, and re-initialises after failures."""
+
+    def __init__(self, backoff_min: float = 0.5, backoff_max: float = 30.0, clock: Any = time.monotonic) -> None:
+        self.nv = _pynvml()
+        self.clock = clock
+        self.backoff_min = backoff_min
+        self.backoff_max = backoff_max
+        self.backoff = backoff_min
+        self.ready = False
+        self.next_try = 0.0
+        self.handles: list[tuple[int, str, str, Any]] = []  # index, uuid, name, handle
+        self.last_seen: dict[str, int] = {}
+        self.known: dict[str, GpuObs] = {}  # last good view per uuid (for reporting while down)
+        self.reinits = 0
+        self.errors = 0
+        self._fn_util: Any = None
+        self._global_codes = {
+            getattr(self.nv, n)
+            for n in (
+                "NVML_ERROR_UNINITIALIZED",
+                "NVML_ERROR_UNKNOWN",
+                "NVML_ERROR_DRIVER_NOT_LOADED",
+                "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+                "NVML_ERROR_LIBRARY_NOT_FOUND",
+                "NVML_ERROR_FUNCTION_NOT_FOUND",
+            )
+            if hasattr(self.nv, n)
+        }
+
+    # -- lifecycle ---------------------------------------------------------
+    def _init(self) -> bool:
+        nv = self.nv
+        now = self.clock()
+        if now < self.next_try:
+            return False
+        try:
+            nv.nvmlInit()
+            n = nv.nvmlDeviceGetCount()
+            handles = []
+            for i in range(n):
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(nv.nvmlDeviceGetUUID(h))
+                try:
+                    name = _text(nv.nvmlDeviceGetName(h))
+                except nv.NVMLError:
+                    name = ""
+                handles.append((i, uuid, name, h))
+            self._fn_util = nv._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+        except Exception as e:  # NVMLError and ctypes load failures alike
+            self.errors += 1
+            self._fail(f"init: {e}")
+            return False
+        self.handles = handles
+        self.ready = True
+        self.backoff = self.backoff_min
+        if self.reinits:
+            log.warning(kv("NVML re-initialised", gpus=len(handles)))
+        self.reinits += 1
+        # keep lastSeen per uuid across re-inits: timestamps only ever grow
+        return True
+
+    def _fail(self, why: str) -> None:
+        if self.ready:
+            try:
+                self.nv.nvmlShutdown()
+            except Exception:
+                pass
+        self.ready = False
+        self.next_try = self.clock() + self.backoff
+        log.warning(kv("NVML unavailable, will retry", error=why, retry_s=round(self.backoff, 2)))
+        self.backoff = min(self.backoff * 2, self.backoff_max)
+
+    def close(self) -> None:
+        if self.ready:
+            try:
+                self.nv.nvmlShutdown()
+            except Exception:
+                pass
+            self.ready = False
+
+    # -- reading -----------------------------------------------------------
+    def observe(self) -> list[GpuObs]:
+        """One observation of every GPU.  GPUs that fail are returned with up=False."""
+        if not self.ready and not self._init():
+            return [
+                GpuObs(index=o.index, uuid=o.uuid, name=o.name, up=False, error="nvml unavailable", memory_total=o.memory_total)
+                for o in self.known.values()
+            ]
+        out: list[GpuObs] = []
+        global_fail = ""
+        for index, uuid, name, h in self.handles:
+            obs = GpuObs(index=index, uuid=uuid, name=name)
+            try:
+                self._read(h, obs)
+            except self.nv.NVMLError as e:
+                self.errors += 1
+                obs = GpuObs(index=index, uuid=uuid, name=name, up=False, error=str(e))
+                prev = self.known.get(uuid)
+                if prev:
+                    obs.memory_total = prev.memory_total
+                if getattr(e, "value", None) in self._global_codes or self._is_lost(e):
+                    global_fail = str(e)
+            out.append(obs)
+            if obs.up:
+                self.known[uuid] = obs
+        if global_fail:
+            self._fail(global_fail)
+            for o in out:
+                o.up = False
+                o.error = o.error or global_fail
+        return out
+
+    def _is_lost(self, e: Any) -> bool:
+        return getattr(e, "value", None) == getattr(self.nv, "NVML_ERROR_GPU_IS_LOST", -1)
+
+    def _read(self, h: Any, obs: GpuObs) -> None:
+        nv = self.nv
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        obs.memory_total = int(mem.total)
+        obs.memory_used = int(mem.used)
+        try:
+            obs.util = int(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+        except nv.NVMLError_NotSupported:
+            obs.util = 0
+        for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+            used = p.usedGpuMemory
+            pid = int(p.pid)
+            if 0 < pid < 1 << 22:
+                obs.procs[pid] = obs.procs.get(pid, 0) + (int(used) if used is not None else 0)
+        obs.samples = self._util_samples(h, obs)
+
+    def _util_samples(self, h: Any, obs: GpuObs) -> list[UtilSample]:
+        nv = self.nv
+        last = self.last_seen.get(obs.uuid, 0)
+        n = UTIL_BUFFER
+        while True:
+            buf = (nv.c_nvmlProcessUtilizationSample_t * n)()
+            count = ctypes.c_uint(n)
+            ret = self._fn_util(h, buf, ctypes.byref(count), ctypes.c_ulonglong(last))
+            if ret == nv.NVML_ERROR_NOT_FOUND:
+                return []
+            if ret == nv.NVML_ERROR_NOT_SUPPORTED:
+                return []
+            if ret == nv.NVML_ERROR_INSUFFICIENT_SIZE and n < 16 * UTIL_BUFFER:
+                n *= 4
+                continue
+            if ret != nv.NVML_SUCCESS:
+                raise nv.NVMLError(ret)
+            break
+        out: list[UtilSample] = []
+        newest = last
+        for i in range(min(count.value, n)):
+            s = buf[i]
+            pid, ts, sm = int(s.pid), int(s.timeStamp), int(s.smUtil)
+            if pid not in obs.procs or ts <= last or not (0 <= sm <= 100) or s.memUtil > 100:
+                continue
+            out.append(UtilSample(pid=pid, ts=ts, sm=sm))
+            newest = max(newest, ts)
+        self.last_seen[obs.uuid] = newest
+        return out

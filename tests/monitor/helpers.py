@@ -1,0 +1,104 @@
+"""Test helpers: processes that are always cleaned up (SIGCONT + SIGKILL), state dirs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from monitor.procs import ProcKey, key_of, read_stat
+from vgpu import limits as vlimits
+from vgpu import region as vregion
+from vgpu import schemas
+
+
+class Procs:
+    """Spawns processes and guarantees none survives the test, stopped or not."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.pids: list[int] = []
+
+    def spawn(self, argv: Sequence[str], **kw) -> subprocess.Popen:
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        p = subprocess.Popen(list(argv), **kw)
+        self.procs.append(p)
+        return p
+
+    def adopt(self, pid: int) -> None:
+        self.pids.append(pid)
+
+    def cleanup(self) -> None:
+        pids = [p.pid for p in self.procs if p.poll() is None] + self.pids
+        for pid in pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def state(pid: int) -> str:
+    st = read_stat(pid)
+    return st.state if st else "-"
+
+
+def wait_for(pred: Callable[[], object], timeout: float, step: float = 0.02) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())
+
+
+def key(pid: int) -> ProcKey:
+    k = key_of(pid)
+    assert k is not None, pid
+    return k
+
+
+def make_container(
+    state_dir: Path,
+    cid: str,
+    init_pid: int,
+    gpus: list[tuple[str, int, int]],
+    *,
+    pod: str = "",
+    namespace: str = "default",
+    container: str = "main",
+    cgroup_path: str = "",
+    region: bool = True,
+) -> Path:
+    """A per-container state dir as the hook makes it: limits, region, metadata.json.
+
+    gpus: (uuid, memory_limit, core_percent)."""
+    d = state_dir / "containers" / cid
+    d.mkdir(parents=True, exist_ok=True)
+    lims = [vlimits.DeviceLimit(uuid=u, memory_limit=m, core_percent=c, oversubscribe=False) for u, m, c in gpus]
+    (d / "limits").write_text(vlimits.render(lims))
+    if region:
+        vregion.initialise(str(d / "region"), lims)
+    st = read_stat(init_pid)
+    meta = schemas.ContainerMetadata(
+        container_id=cid,
+        init_pid=init_pid,
+        init_start_time=st.start_time if st else 0,
+        created=time.time(),
+        token="0" * 32,
+        pod_namespace=namespace,
+        pod_name=pod or f"pod-{cid}",
+        container_name=container,
+        cgroup_path=cgroup_path,
+        gpus=[schemas.AllocatedGPU(uuid=u, memory_limit=m, core_percent=c) for u, m, c in gpus],
+    )
+    schemas.write_atomic(str(d / "metadata.json"), schemas.encode(meta))
+    return d
