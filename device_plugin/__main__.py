@@ -1,19 +1,144 @@
-"""vgpu-device-plugin command line (stub until its issue lands)."""
+"""vgpu-device-plugin command line: flags → config → NVML inventory → Daemon."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
+import signal
 import sys
+from typing import Any, NoReturn
 
-from vgpu import __version__
+import msgspec
+
+from vgpu import __version__, nvml
+from vgpu.config import ConfigError, DevicePluginConfig, config_path_from_env, load_config
+from vgpu.log import setup_logging
+from vgpu.paths import Paths
+
+PROG = "vgpu-device-plugin"
+log = logging.getLogger("device_plugin")
+
+# Flags of the device_plugin config section: name → (type, help).
+_FIELD_HELP: dict[str, str] = {
+    "resource_name": "extended resource name advertised to the kubelet (default nvidia.com/gpu)",
+    "device_split_count": "vGPUs per physical GPU, K (int >= 1, default 2)",
+    "device_memory_scaling": "memory scaling S (float > 0, default 1; > 1 oversubscribes)",
+    "device_cores_scaling": "compute scaling C (float > 0, default 1)",
+    "kubelet_dir": "kubelet root directory (default /var/lib/kubelet)",
+    "socket_name": "plugin socket name in <kubelet-dir>/device-plugins (default vgpu.sock)",
+    "allocation_policy": "preferred allocation policy: spread (default) or binpack",
+    "health_recovery_s": "seconds without a bad event after which an unhealthy GPU is healthy again",
+    "record_gc_grace_s": "seconds a record must stay unassigned before it is removed",
+    "record_gc_interval_s": "seconds between PodResources queries for record cleanup",
+    "node_name": "Node to annotate with the inventory (default $NODE_NAME, else the host name)",
+}
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+_finite_float.__name__ = "float"
+
+
+_TYPES: dict[str, Any] = {
+    "device_split_count": int,
+    "device_memory_scaling": _finite_float,
+    "device_cores_scaling": _finite_float,
+    "health_recovery_s": _finite_float,
+    "record_gc_grace_s": _finite_float,
+    "record_gc_interval_s": _finite_float,
+}
+assert set(_FIELD_HELP) == {f.name for f in msgspec.structs.fields(DevicePluginConfig)}, "flags out of date"
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line naming the option, exit status 2 (the project's convention).
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="k8s-vgpu kubelet device plugin that splits GPUs into vGPUs")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--config", default=None, help="config file (default $VGPU_CONFIG, else /etc/vgpu/config.toml)")
+    p.add_argument("--state-dir", default=None, help="state directory (overrides common.state_dir)")
+    p.add_argument("--log-level", default=None, help="debug, info, warning or error")
+    for name, help_text in _FIELD_HELP.items():
+        p.add_argument(_flag(name), dest=name, type=_TYPES.get(name, str), default=None, help=help_text)
+    return p
+
+
+def _field_to_option(msg: str) -> str:
+    """Name the flag in a ConfigError about a device_plugin/common field."""
+    for name in _FIELD_HELP:
+        msg = msg.replace(f"`device_plugin.{name}`", f"`device_plugin.{name}` (option {_flag(name)})")
+    msg = msg.replace("`common.state_dir`", "`common.state_dir` (option --state-dir)")
+    msg = msg.replace("`common.log_level`", "`common.log_level` (option --log-level)")
+    return msg
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="vgpu-device-plugin", description="k8s-vgpu kubelet device plugin that splits GPUs into vGPUs")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.parse_args(argv)
-    p.print_usage(sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {f"device_plugin.{n}": getattr(args, n) for n in _FIELD_HELP}
+    overrides["common.state_dir"] = args.state_dir
+    overrides["common.log_level"] = args.log_level
+    try:
+        cfg = load_config(args.config or config_path_from_env(), overrides)
+    except ConfigError as e:
+        print(f"{PROG}: {_field_to_option(str(e))}", file=sys.stderr)
+        return 2
+    dp = cfg.device_plugin
+    if "/" not in dp.resource_name or dp.resource_name.startswith("kubernetes.io/"):
+        print(f"{PROG}: invalid --resource-name {dp.resource_name!r}: must be a domain-prefixed extended resource name",
+              file=sys.stderr)
+        return 2
+    if "/" in dp.socket_name or dp.socket_name in ("", ".", "..", "kubelet.sock"):
+        print(f"{PROG}: invalid --socket-name {dp.socket_name!r}: a file name other than kubelet.sock", file=sys.stderr)
+        return 2
+    setup_logging(cfg.common.log_level)
+
+    try:
+        nvml.init()
+        gpus = nvml.inventory()
+    except nvml.NVMLUnavailable as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # NVMLError while listing devices
+        print(f"{PROG}: cannot list GPUs through NVML: {e}", file=sys.stderr)
+        return 1
+    if not gpus:
+        log.warning("NVML reports no GPU; registering with no devices")
+    for g in gpus:
+        log.info("gpu %d %s %s memory=%d bus=%s numa=%s", g.index, g.uuid, g.name, g.memory_total, g.pci_bus_id,
+                 g.numa_node)
+
+    from device_plugin.daemon import Daemon
+
+    daemon = Daemon(dp, Paths(cfg.common.state_dir), gpus)
+
+    def _stop(signum: int, _frame: object) -> None:
+        daemon.stop_event.set()
+
+    def _hup(signum: int, _frame: object) -> None:
+        daemon.restart_event.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGQUIT, _stop)
+    signal.signal(signal.SIGHUP, _hup)
+    try:
+        return daemon.run()
+    finally:
+        nvml.shutdown()
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ class DevicePluginConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     allocation_policy: Literal["spread", "binpack"] = "spread"
     health_recovery_s: NonNegFloat = 300.0
     record_gc_grace_s: NonNegFloat = 300.0
+    record_gc_interval_s: PositiveFloat = 60.0
     node_name: str = ""
 
 

@@ -1,0 +1,205 @@
+"""The plugin's life cycle: serve, register, follow kubelet restarts, stop cleanly.
+
+Threads: the main thread runs `Daemon.run()` (the supervisor: serving,
+registration, restarts, signals); the health monitor waits on XID events;
+a housekeeping thread garbage-collects records and refreshes the Node
+inventory annotation; gRPC has its own worker pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from device_plugin import inventory, podresources, records
+from device_plugin.devices import DeviceTable, Slicing
+from device_plugin.health import HealthMonitor
+from device_plugin.registration import RegistrationError, register
+from device_plugin.server import PluginServer
+from device_plugin.watcher import SocketWatcher
+from vgpu.config import DevicePluginConfig
+from vgpu.log import kv
+from vgpu.nvml import GPUInfo
+from vgpu.paths import Paths
+
+log = logging.getLogger(__name__)
+
+KUBELET_SOCKET = "kubelet.sock"
+# Supervisor cadence: how long one wait for a kubelet.sock event lasts (bounds
+# the reaction time to SIGHUP/SIGTERM), how often the server's liveness is
+# probed, and how often a failed registration is retried.
+_TICK_S = 0.1
+_LIVENESS_S = 5.0
+_REGISTER_RETRY_S = 2.0
+_INVENTORY_REFRESH_S = 300.0
+
+
+@dataclass(frozen=True)
+class PluginPaths:
+    kubelet_dir: str
+    socket_name: str
+
+    @property
+    def device_plugins_dir(self) -> str:
+        return os.path.join(self.kubelet_dir, "device-plugins")
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.device_plugins_dir, KUBELET_SOCKET)
+
+    @property
+    def plugin_socket(self) -> str:
+        return os.path.join(self.device_plugins_dir, self.socket_name)
+
+    @property
+    def pod_resources_socket(self) -> str:
+        return os.path.join(self.kubelet_dir, "pod-resources", KUBELET_SOCKET)
+
+
+class Daemon:
+    def __init__(self, cfg: DevicePluginConfig, state: Paths, gpus: Sequence[GPUInfo], *, nvml_health: bool = True):
+        self.cfg = cfg
+        self.paths = state
+        self.where = PluginPaths(cfg.kubelet_dir, cfg.socket_name)
+        self.table = DeviceTable(
+            gpus, Slicing(cfg.device_split_count, cfg.device_memory_scaling, cfg.device_cores_scaling)
+        )
+        self.stop_event = threading.Event()
+        self.restart_event = threading.Event()
+        self._inventory_dirty = threading.Event()
+        self.annotator = inventory.NodeAnnotator(self.table, cfg.resource_name, inventory.node_name(cfg.node_name))
+        self.health = (
+            HealthMonitor(self.table, cfg.health_recovery_s, on_change=self._inventory_dirty.set)
+            if nvml_health
+            else None
+        )
+        self.collector = records.RecordCollector(state, cfg.resource_name, cfg.record_gc_grace_s)
+        self.server: PluginServer | None = None
+        self.registered = False
+        self.restarts = 0
+        self._podres_warned = False
+
+    # --- supervisor -----------------------------------------------------------
+    def _service_args(self) -> dict:
+        return {
+            "table": self.table,
+            "paths": self.paths,
+            "resource_name": self.cfg.resource_name,
+            "policy": self.cfg.allocation_policy,
+        }
+
+    def _serve(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server = PluginServer(self._service_args(), self.where.plugin_socket)
+        self.server.start()
+        self.server.wait_ready()
+        self.registered = False
+
+    def _register(self) -> bool:
+        if not os.path.exists(self.where.kubelet_socket):
+            return False
+        try:
+            register(self.where.kubelet_socket, self.cfg.socket_name, self.cfg.resource_name)
+        except RegistrationError as e:
+            log.warning(kv("registration failed", kubelet=self.where.kubelet_socket, error=e))
+            return False
+        self.registered = True
+        log.warning(
+            kv(
+                "registered with kubelet",
+                resource=self.cfg.resource_name,
+                endpoint=self.cfg.socket_name,
+                gpus=len(self.table.gpus),
+                vgpus=len(self.table.by_id),
+                restarts=self.restarts,
+            )
+        )
+        return True
+
+    def restart(self, why: str) -> None:
+        """Stop serving, serve afresh, register again (kubelet restart, SIGHUP, crash)."""
+        self.restarts += 1
+        log.warning(kv("restarting plugin server", reason=why))
+        self._serve()
+        self._register()
+
+    def run(self) -> int:
+        records.ensure_dir(self.paths)
+        os.makedirs(self.where.device_plugins_dir, exist_ok=True)
+        watcher = SocketWatcher(self.where.device_plugins_dir, KUBELET_SOCKET)
+        housekeeping = threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True)
+        try:
+            if self.health is not None:
+                self.health.start()
+            housekeeping.start()
+            self._serve()
+            self._register()
+            last_live = last_try = time.monotonic()
+            while not self.stop_event.is_set():
+                kubelet_new = watcher.wait(_TICK_S)
+                if self.stop_event.is_set():
+                    break
+                if kubelet_new:
+                    self.restart("kubelet.sock created")
+                    continue
+                if self.restart_event.is_set():
+                    self.restart_event.clear()
+                    self.restart("SIGHUP")
+                    continue
+                now = time.monotonic()
+                if not self.registered and now - last_try >= _REGISTER_RETRY_S:
+                    last_try = now
+                    self._register()
+                if now - last_live >= _LIVENESS_S:
+                    last_live = now
+                    assert self.server is not None
+                    if not self.server.alive():
+                        self.restart("plugin socket gone or server not answering")
+        finally:
+            watcher.close()
+            if self.server is not None:
+                self.server.stop()
+                self.server = None
+            if self.health is not None:
+                self.health.stop()
+            self.table.kick()
+        log.info("stopped")
+        return 0
+
+    # --- housekeeping -----------------------------------------------------------
+    def gc_once(self) -> list[str]:
+        try:
+            in_use = podresources.assigned_ids(self.where.pod_resources_socket, self.cfg.resource_name)
+        except podresources.PodResourcesUnavailable as e:
+            if not self._podres_warned:
+                log.warning("PodResources API unavailable, keeping allocation records: %s", e)
+                self._podres_warned = True
+            return []
+        deleted = self.collector.collect(in_use)
+        for tok in deleted:
+            log.info(kv("allocation record removed", token=tok[:8] + "…", reason="devices no longer assigned"))
+        return deleted
+
+    def _housekeeping(self) -> None:
+        next_gc = time.monotonic() + min(self.cfg.record_gc_interval_s, 5.0)
+        next_inv = time.monotonic()
+        self._inventory_dirty.set()
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            if self._inventory_dirty.is_set() or now >= next_inv:
+                self._inventory_dirty.clear()
+                next_inv = now + _INVENTORY_REFRESH_S
+                self.annotator.publish()
+            if now >= next_gc:
+                next_gc = now + self.cfg.record_gc_interval_s
+                try:
+                    self.gc_once()
+                except Exception:
+                    log.exception("record garbage collection failed")
+            wait = max(0.05, min(next_gc, next_inv) - time.monotonic())
+            self._inventory_dirty.wait(min(wait, 1.0))

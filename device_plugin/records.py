@@ -1,0 +1,125 @@
+"""Allocation records (contract 1): writing, listing and garbage collection.
+
+A record lives at `<state_dir>/allocations/<token>.json` from Allocate until
+the kubelet no longer assigns its vGPUs to any container (PodResources), plus
+a grace period. Records survive plugin restarts: they are files, and the
+in-memory bookkeeping here only delays deletions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+
+from device_plugin.allocator import Slice
+from vgpu.paths import Paths, valid_token
+from vgpu.schemas import AllocationRecord, encode, read_record, write_atomic
+
+log = logging.getLogger(__name__)
+
+
+def new_token() -> str:
+    """128 random bits as 32 lowercase hex digits."""
+    return secrets.token_hex(16)
+
+
+def ensure_dir(paths: Paths) -> None:
+    # Root-only: records name the GPUs and limits of every container.
+    os.makedirs(paths.allocations_dir, mode=0o700, exist_ok=True)
+    os.chmod(paths.allocations_dir, 0o700)
+
+
+def write_record(paths: Paths, resource_name: str, oversubscribe: bool, sl: Slice) -> AllocationRecord:
+    token = new_token()
+    rec = AllocationRecord(
+        token=token,
+        created=time.time(),
+        resource_name=resource_name,
+        oversubscribe=oversubscribe,
+        gpus=sl.gpus,
+    )
+    write_atomic(paths.allocation_record(token), encode(rec), 0o600)
+    return rec
+
+
+def list_records(paths: Paths) -> list[AllocationRecord]:
+    """Every readable record; unreadable or foreign files are skipped (and logged)."""
+    out: list[AllocationRecord] = []
+    try:
+        names = os.listdir(paths.allocations_dir)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        token, ext = os.path.splitext(name)
+        if ext != ".json" or not valid_token(token):
+            continue
+        try:
+            rec = read_record(paths.allocation_record(token))
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("skipping unreadable allocation record %s: %s", name, e)
+            continue
+        out.append(rec)
+    return out
+
+
+def stale_tokens(records: Iterable[AllocationRecord], in_use: set[str]) -> set[str]:
+    """Tokens of records no container holds any more.
+
+    A vGPU ID is held by at most one container at a time; when several
+    records name an ID the kubelet still assigns, the newest one is that
+    container's and the older ones are stale.
+    """
+    recs = sorted(records, key=lambda r: r.created, reverse=True)
+    owner: dict[str, str] = {}
+    for r in recs:
+        for g in r.gpus:
+            for vid in g.vgpu_ids:
+                owner.setdefault(vid, r.token)
+    stale = set()
+    for r in recs:
+        live = any(vid in in_use and owner.get(vid) == r.token for g in r.gpus for vid in g.vgpu_ids)
+        if not live:
+            stale.add(r.token)
+    return stale
+
+
+@dataclass
+class RecordCollector:
+    """Deletes records that stayed stale for `grace_s` (and are older than it)."""
+
+    paths: Paths
+    resource_name: str
+    grace_s: float
+    _since: dict[str, float] | None = None
+
+    def collect(self, in_use: set[str], now: float | None = None) -> list[str]:
+        """One pass given the vGPU IDs kubelet assigns now; returns deleted tokens."""
+        now = time.time() if now is None else now
+        if self._since is None:
+            self._since = {}
+        records = [r for r in list_records(self.paths) if r.resource_name == self.resource_name]
+        stale = stale_tokens(records, in_use)
+        for tok in list(self._since):
+            if tok not in stale:
+                del self._since[tok]
+        deleted = []
+        created = {r.token: r.created for r in records}
+        for tok in stale:
+            first = self._since.setdefault(tok, now)
+            if now - first >= self.grace_s and now - created[tok] >= self.grace_s:
+                try:
+                    os.unlink(self.paths.allocation_record(tok))
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    log.warning("cannot remove allocation record %s: %s", tok, e)
+                    continue
+                self._since.pop(tok, None)
+                deleted.append(tok)
+        return deleted

@@ -1,0 +1,180 @@
+"""The DevicePlugin gRPC service (v1beta1) served on a unix socket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+
+from device_plugin import allocator, records
+from device_plugin.api import deviceplugin_pb2 as pb
+from device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from device_plugin.devices import DeviceTable
+from vgpu.log import kv
+from vgpu.paths import Paths
+from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV
+
+log = logging.getLogger(__name__)
+
+# How often an idle ListAndWatch stream re-checks whether it should end.
+_STREAM_POLL_S = 0.25
+
+
+def device_list(table: DeviceTable) -> tuple[int, pb.ListAndWatchResponse]:
+    version, devs = table.snapshot()
+    resp = pb.ListAndWatchResponse()
+    for vid, health, numa in devs:
+        d = resp.devices.add(ID=vid, health=health)
+        if numa is not None:
+            d.topology.nodes.add(ID=numa)
+    return version, resp
+
+
+class DevicePluginService(pb_grpc.DevicePluginServicer):
+    def __init__(
+        self,
+        table: DeviceTable,
+        paths: Paths,
+        resource_name: str,
+        policy: str,
+        stop: threading.Event,
+    ) -> None:
+        self.table = table
+        self.paths = paths
+        self.resource_name = resource_name
+        self.policy = policy
+        self.stop = stop
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        version, resp = device_list(self.table)
+        yield resp
+        while not self.stop.is_set() and context.is_active():
+            new = self.table.wait_change(version, _STREAM_POLL_S, self.stop)
+            if new != version and not self.stop.is_set():
+                version, resp = device_list(self.table)
+                yield resp
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        out = pb.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            ids = allocator.preferred(
+                self.table,
+                list(creq.available_deviceIDs),
+                list(creq.must_include_deviceIDs),
+                int(creq.allocation_size),
+                self.policy,
+            )
+            out.container_responses.add(deviceIDs=ids)
+        return out
+
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        out = pb.AllocateResponse()
+        for creq in request.container_requests:
+            ids = list(creq.devices_ids)
+            try:
+                sl = allocator.slice_for(self.table, ids)
+            except allocator.AllocationError as e:
+                log.warning(kv("allocate refused", devices=",".join(d[:80] for d in ids[:16]), reason=e))
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            try:
+                rec = records.write_record(self.paths, self.resource_name, self.table.slicing.oversubscribe, sl)
+            except OSError as e:
+                log.error("cannot write allocation record: %s", e)
+                context.abort(grpc.StatusCode.INTERNAL, f"cannot write allocation record: {e.strerror}")
+            cresp = out.container_responses.add()
+            cresp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(sl.uuids)
+            cresp.envs[TOKEN_ENV] = rec.token
+            cresp.annotations[TOKEN_ANNOTATION] = rec.token
+            log.info(
+                kv(
+                    "allocated",
+                    devices=",".join(ids),
+                    gpus=";".join(f"{g.uuid}:{g.memory_limit}B:{g.core_percent}%" for g in sl.gpus),
+                    oversubscribe=int(rec.oversubscribe),
+                    token=rec.token[:8] + "…",
+                )
+            )
+        return out
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+class PluginServer:
+    """One serving instance of the plugin on its socket; restarted as a whole."""
+
+    def __init__(self, service_args: dict, socket_path: str, workers: int = 16) -> None:
+        self.socket_path = socket_path
+        self.stop_event = threading.Event()
+        self.service = DevicePluginService(stop=self.stop_event, **service_args)
+        self.server: grpc.Server | None = None
+        self.inode: int | None = None
+        self.started_at = 0.0
+        self._workers = workers
+
+    def start(self) -> None:
+        # A stale socket (previous run, crash) would make bind fail.
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        os.makedirs(os.path.dirname(self.socket_path), exist_ok=True)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="grpc"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
+            raise OSError(f"cannot bind {self.socket_path}")
+        server.start()
+        self.server = server
+        st = os.stat(self.socket_path)
+        self.inode = st.st_ino
+        self.started_at = time.monotonic()
+
+    def wait_ready(self, timeout: float = 5.0) -> None:
+        """Dial our own socket, as NVIDIA's plugin does before registering."""
+        # One real RPC: proves the socket accepts and the service answers.
+        # (channel_ready_future polls connectivity and costs ~200 ms.)
+        with grpc.insecure_channel(f"unix://{self.socket_path}") as ch:
+            pb_grpc.DevicePluginStub(ch).GetDevicePluginOptions(pb.Empty(), timeout=timeout, wait_for_ready=True)
+
+    def alive(self, timeout: float = 2.0) -> bool:
+        """The socket is still ours and the server answers."""
+        try:
+            if os.stat(self.socket_path).st_ino != self.inode:
+                return False
+        except OSError:
+            return False
+        try:
+            with grpc.insecure_channel(f"unix://{self.socket_path}") as ch:
+                pb_grpc.DevicePluginStub(ch).GetDevicePluginOptions(pb.Empty(), timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.service.table.kick()  # end ListAndWatch streams now
+        if self.server is not None:
+            self.server.stop(grace=0).wait(2.0)
+            self.server = None
+        # Remove the socket only if it is still the one we created: kubelet may
+        # already have deleted it, and a new instance may own the path now.
+        try:
+            if self.inode is not None and os.stat(self.socket_path).st_ino == self.inode:
+                os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
