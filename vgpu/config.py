@@ -59,6 +59,7 @@ class MonitorConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     backstop_tolerance_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
     backstop_grace_s: NonNegFloat = 2.0
     gc_grace_s: NonNegFloat = 30.0
+    duty_period_ms: Annotated[int, msgspec.Meta(ge=50, le=10_000)] = 500
 
 
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
