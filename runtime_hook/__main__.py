@@ -1,20 +1,10 @@
-"""vgpu-hook command line (stub until its issue lands)."""
+"""`vgpu-hook` / `python -m runtime_hook`: see runtime_hook.fastpath (the hot path) and runtime_hook.cli."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from vgpu import __version__
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="vgpu-hook", description="k8s-vgpu OCI prestart/poststop hook and containerd configuration")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.parse_args(argv)
-    p.print_usage(sys.stderr)
-    return 2
-
+from runtime_hook.fastpath import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,106 @@
+"""The hook's entry point, built to be cheap for containers without a vGPU.
+
+Installed hooks run `python3 -I -S <this file> --config ... prestart`: no
+site-packages scan, no user environment, only built-in modules until a
+container turns out to carry an allocation token.  Then `site` is enabled
+(for msgspec) and the full command line (runtime_hook.cli) takes over with
+the decision already made, so stdin is read exactly once.
+
+`vgpu-hook` (the console script) and `python -m runtime_hook` enter here too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and __package__ in (None, ""):
+    # Run as a script under -I: the package root is not on sys.path.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runtime_hook import oci  # stdlib-only module
+
+DEFAULT_STATE_DIR = "/var/lib/vgpu"  # == vgpu.paths.DEFAULT_STATE_DIR (checked by a test)
+DEFAULT_CONFIG_PATH = "/etc/vgpu/config.toml"
+_VALUE_OPTS = ("--config", "--state-dir", "--log-level", "--library-path", "--log-dir", "--log-max-bytes")
+
+
+def scan_argv(argv: list[str]) -> tuple[str | None, dict[str, str]]:
+    """The subcommand and the global options given before it (no argparse on the hot path)."""
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            name, eq, val = a.partition("=")
+            if name in _VALUE_OPTS:
+                if not eq:
+                    if i + 1 >= len(argv):
+                        return None, opts
+                    i += 1
+                    val = argv[i]
+                opts[name] = val
+            i += 1
+            continue
+        if a.startswith("-"):
+            return None, opts
+        return a, opts
+    return None, opts
+
+
+def fast_state_dir(opts: dict[str, str]) -> str | None:
+    """The state dir when it can be known without parsing TOML, else None."""
+    if "--state-dir" in opts:
+        return opts["--state-dir"]
+    path = opts.get("--config") or os.environ.get("VGPU_CONFIG") or DEFAULT_CONFIG_PATH
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+    except FileNotFoundError:
+        return DEFAULT_STATE_DIR
+    except OSError:
+        return None
+    return None if b"state_dir" in data else DEFAULT_STATE_DIR
+
+
+def _read_stdin() -> bytes:
+    try:
+        return sys.stdin.buffer.read(oci.MAX_STATE_BYTES + 1)
+    except (OSError, ValueError, AttributeError):
+        return b""
+
+
+def _full(argv: list[str], **kw: object) -> int:
+    if "site" not in sys.modules:  # started with -S: make site-packages (msgspec) importable
+        import site
+
+        site.main()
+    from runtime_hook import cli
+
+    return cli.main(argv, **kw)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    cmd, opts = scan_argv(args)
+    if cmd == "prestart":
+        data = _read_stdin()
+        decision = oci.decide_prestart(data)
+        if isinstance(decision, oci.Skip) and decision.log is None:
+            return 0  # no token: the common case, untouched
+        return _full(args, decision=decision)
+    if cmd == "poststop":
+        data = _read_stdin()
+        try:
+            cid = oci.parse_poststop_id(data)
+        except ValueError:
+            return _full(args, poststop_stdin=data)
+        state_dir = fast_state_dir(opts)
+        if state_dir is not None and not os.path.lexists(os.path.join(state_dir, "containers", cid)):
+            return 0  # not a vGPU container (or already cleaned)
+        return _full(args, poststop_stdin=data)
+    return _full(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""`vgpu-hook prestart` for a container that carries an allocation token.
+
+Steps (docs/hook.md): validate the container id and the record, check
+NVIDIA_VISIBLE_DEVICES against it, create the per-container state directory
+(limits, region, metadata; ld.so.preload is written by the mount helper once
+it has read the image's own list), then bind-mount everything into the
+container's mount namespace.  Any failure removes the state directory and
+raises HookError with the line the runtime shows the user.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import time
+
+import msgspec
+
+from runtime_hook import mounts, oci
+from runtime_hook.oci import HookError
+from vgpu import limits as vlimits
+from vgpu import paths as vpaths
+from vgpu import region, schemas
+from vgpu.log import kv
+
+log = logging.getLogger("vgpu.hook")
+
+
+def load_record(p: vpaths.Paths, token: str) -> schemas.AllocationRecord:
+    if not vpaths.valid_token(token):
+        raise HookError(f"invalid vGPU allocation token {token[:40]!r} (expected 32 lowercase hex digits)")
+    path = p.allocation_record(token)
+    try:
+        rec = schemas.read_record(path)
+    except FileNotFoundError:
+        raise HookError(f"unknown vGPU allocation token {token} (no record {path})") from None
+    except OSError as e:
+        raise HookError(f"cannot read vGPU allocation record {path}: {e.strerror}") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise HookError(f"malformed vGPU allocation record {path}: {e}") from None
+    if rec.token != token:
+        raise HookError(f"vGPU allocation record {path} belongs to another token")
+    if not rec.gpus:
+        raise HookError(f"vGPU allocation record {path} lists no GPU")
+    return rec
+
+
+def check_visible_devices(spec: dict[str, object], rec: schemas.AllocationRecord) -> None:
+    bad = oci.visible_devices_outside(spec, {g.uuid for g in rec.gpus})  # type: ignore[arg-type]
+    if bad:
+        raise HookError(
+            f"{oci.VISIBLE_DEVICES_ENV} names GPUs outside the vGPU allocation: {', '.join(sorted(set(bad)))}"
+        )
+
+
+def proc_start_time(pid: int) -> int:
+    """Start time (clock ticks since boot) of `pid`, 0 when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def make_state_dir(p: vpaths.Paths, cid: str, rec: schemas.AllocationRecord, meta: schemas.ContainerMetadata) -> str:
+    """Create <state>/containers/<id>/ with limits, region and metadata.json."""
+    os.makedirs(p.containers_dir, mode=0o700, exist_ok=True)
+    cdir = p.container_dir(cid)
+    st = _lstat(cdir)
+    if st is not None:
+        # A stale directory of an earlier container with this id (poststop never ran).
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(cdir)
+        else:
+            os.unlink(cdir)
+    os.mkdir(cdir, 0o700)
+    lim = vlimits.from_record(rec)
+    schemas.write_atomic(os.path.join(cdir, vpaths.LIMITS_FILE), vlimits.render(lim).encode(), mode=0o644)
+    region.initialise(os.path.join(cdir, vpaths.REGION_FILE), lim, mode=0o666)
+    schemas.write_atomic(os.path.join(cdir, vpaths.METADATA_FILE), schemas.encode(meta), mode=0o600)
+    return cdir
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def run(decision: oci.Proceed, state_dir: str, library_path: str) -> None:
+    """Set up the vGPU container or raise HookError."""
+    state, spec, token = decision.state, decision.spec, decision.token
+    p = vpaths.Paths(state_dir)
+    if not vpaths.valid_container_id(state.id):
+        raise HookError(f"invalid container id {state.id[:40]!r}")
+    if state.pid <= 0:
+        raise HookError("OCI state has no container pid")
+    rec = load_record(p, token)
+    check_visible_devices(spec, rec)
+    root = oci.rootfs_path(spec, state.bundle)
+    try:
+        lst = os.stat(library_path)
+    except OSError as e:
+        raise HookError(f"vGPU library {library_path}: {e.strerror}") from None
+    if not stat.S_ISREG(lst.st_mode):
+        raise HookError(f"vGPU library {library_path} is not a regular file")
+    pod = oci.pod_info(state.annotations)
+    meta = schemas.ContainerMetadata(
+        container_id=state.id,
+        init_pid=state.pid,
+        init_start_time=proc_start_time(state.pid),
+        created=time.time(),
+        token=token,
+        cgroup_path=oci.cgroup_path(spec),
+        gpus=list(rec.gpus),
+        pod_namespace=pod["pod_namespace"],
+        pod_name=pod["pod_name"],
+        pod_uid=pod["pod_uid"],
+        container_name=pod["container_name"],
+    )
+    if not os.path.isdir(f"/proc/{state.pid}"):
+        raise HookError(f"container init (pid {state.pid}) is gone")
+    try:
+        cdir = make_state_dir(p, state.id, rec, meta)
+    except OSError as e:
+        _cleanup(p, state.id)
+        raise HookError(f"cannot create vGPU state for container {state.id}: {e.strerror or e}") from None
+    binds = [
+        mounts.BindSpec(library_path, vpaths.CONTAINER_LIBRARY, readonly=True),
+        mounts.BindSpec(os.path.join(cdir, vpaths.LIMITS_FILE), vpaths.CONTAINER_LIMITS, readonly=True),
+        mounts.BindSpec(os.path.join(cdir, vpaths.REGION_FILE), vpaths.CONTAINER_REGION, readonly=False),
+        mounts.BindSpec(os.path.join(cdir, vpaths.PRELOAD_FILE), vpaths.CONTAINER_PRELOAD, readonly=True),
+    ]
+    try:
+        mounts.mount_into_container(
+            state.pid,
+            root,
+            binds,
+            preload_out=os.path.join(cdir, vpaths.PRELOAD_FILE),
+            preload_target=vpaths.CONTAINER_PRELOAD,
+            library=vpaths.CONTAINER_LIBRARY,
+        )
+    except mounts.MountError as e:
+        _cleanup(p, state.id)
+        raise HookError(f"cannot set up vGPU isolation in container {state.id}: {e}") from None
+    except OSError as e:
+        _cleanup(p, state.id)
+        raise HookError(f"cannot set up vGPU isolation in container {state.id}: {e.strerror or e}") from None
+    log.info(
+        kv(
+            "vgpu container prepared",
+            id=state.id,
+            pid=state.pid,
+            token=token,
+            gpus=",".join(g.uuid for g in rec.gpus),
+            pod=f"{meta.pod_namespace}/{meta.pod_name}",
+        )
+    )
+
+
+def _cleanup(p: vpaths.Paths, cid: str) -> None:
+    try:
+        shutil.rmtree(p.container_dir(cid))
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning(kv("cannot remove state dir", id=cid, error=e.strerror))
+
+
+def poststop(cid: str, state_dir: str) -> None:
+    """Remove the container's state directory; never raises."""
+    p = vpaths.Paths(state_dir)
+    try:
+        cdir = p.container_dir(cid)
+    except vpaths.InvalidName:
+        log.warning(kv("poststop: invalid container id", id=cid[:80]))
+        return
+    st = _lstat(cdir)
+    if st is None:
+        return
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(cdir)
+        else:
+            os.unlink(cdir)
+        log.info(kv("vgpu container state removed", id=cid))
+    except OSError as e:
+        log.warning(kv("poststop: cannot remove state dir", id=cid, error=e.strerror))

@@ -1,0 +1,172 @@
+"""Helpers for the hook tests: busybox rootfs, OCI bundles, records, runc runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vgpu import schemas
+
+ROOT = Path(__file__).resolve().parents[2]
+FASTPATH = ROOT / "runtime_hook" / "fastpath.py"
+BUSYBOX = "/bin/busybox"
+APPLETS = ["sh", "cat", "ls", "echo", "stat", "test", "grep", "true", "false", "sleep", "touch", "mkdir", "id"]
+HOOK_PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+UUID_A = "GPU-11111111-2222-3333-4444-555555555555"
+UUID_B = "GPU-66666666-7777-8888-9999-000000000000"
+
+
+def have_runc() -> bool:
+    return shutil.which("runc") is not None and os.path.exists(BUSYBOX) and os.geteuid() == 0
+
+
+def make_rootfs(root: Path) -> Path:
+    (root / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    for a in APPLETS:
+        link = root / "bin" / a
+        if not link.exists():
+            link.symlink_to("busybox")
+    for d in ("proc", "dev", "sys", "tmp", "etc"):
+        (root / d).mkdir(exist_ok=True)
+    return root
+
+
+_BASE_SPEC: dict[str, Any] | None = None
+
+
+def base_spec() -> dict[str, Any]:
+    global _BASE_SPEC
+    if _BASE_SPEC is None:
+        d = Path(os.environ.get("TMPDIR", "/tmp")) / f"vgpu-spec-{os.getpid()}"
+        d.mkdir(exist_ok=True)
+        subprocess.run(["runc", "spec", "--bundle", str(d)], check=True)
+        _BASE_SPEC = json.loads((d / "config.json").read_text())
+        shutil.rmtree(d)
+    return copy.deepcopy(_BASE_SPEC)
+
+
+def hook_args(kind: str, *, state_dir: Path, library: Path, log_dir: Path, python: str = sys.executable) -> list[str]:
+    return [
+        python,
+        "-I",
+        "-S",
+        str(FASTPATH),
+        "--config",
+        str(state_dir / "no-config.toml"),
+        "--state-dir",
+        str(state_dir),
+        "--library-path",
+        str(library),
+        "--log-dir",
+        str(log_dir),
+        kind,
+    ]
+
+
+def hooks(state_dir: Path, library: Path, log_dir: Path) -> dict[str, Any]:
+    def entry(kind: str) -> dict[str, Any]:
+        args = hook_args(kind, state_dir=state_dir, library=library, log_dir=log_dir)
+        return {"path": args[0], "args": args, "env": [HOOK_PATH_ENV], "timeout": 30}
+
+    return {"prestart": [entry("prestart")], "poststop": [entry("poststop")]}
+
+
+def make_bundle(
+    bundle: Path,
+    args: list[str],
+    *,
+    rootfs: Path | None = None,
+    hook: dict[str, Any] | None = None,
+    env: list[str] | None = None,
+    annotations: dict[str, str] | None = None,
+    readonly: bool = False,
+) -> Path:
+    bundle.mkdir(parents=True, exist_ok=True)
+    if rootfs is None:
+        rootfs = make_rootfs(bundle / "rootfs")
+    spec = base_spec()
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = args
+    spec["process"]["env"] = ["PATH=/bin", *(env or [])]
+    spec["root"] = {
+        "path": os.path.relpath(rootfs, bundle) if rootfs.is_relative_to(bundle) else str(rootfs),
+        "readonly": readonly,
+    }
+    if hook:
+        spec["hooks"] = hook
+    if annotations:
+        spec["annotations"] = annotations
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle
+
+
+def write_record(state_dir: Path, gpus: list[tuple[str, int, int]] | None = None, token: str | None = None) -> str:
+    token = token or secrets.token_hex(16)
+    rec = schemas.AllocationRecord(
+        token=token,
+        created=time.time(),
+        gpus=[
+            schemas.AllocatedGPU(uuid=u, memory_limit=m, core_percent=c)
+            for u, m, c in (gpus or [(UUID_A, 4 << 30, 50)])
+        ],
+    )
+    d = state_dir / "allocations"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    schemas.write_atomic(str(d / f"{token}.json"), schemas.encode(rec))
+    return token
+
+
+def runc(runc_root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["runc", "--root", str(runc_root), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def runc_run(runc_root: Path, bundle: Path, cid: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    try:
+        return runc(runc_root, "run", "--bundle", str(bundle), cid, timeout=timeout)
+    finally:
+        runc(runc_root, "delete", "--force", cid)
+
+
+def placeholder_library(build_dir: Path) -> Path:
+    """build/libvgpu.so when it exists, else a tiny placeholder .so compiled once."""
+    real = ROOT / "build" / "libvgpu.so"
+    if real.exists():
+        return real
+    out = build_dir / "libvgpu-placeholder.so"
+    if not out.exists():
+        src = build_dir / "placeholder.c"
+        src.write_text("int vgpu_placeholder(void) { return 42; }\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    return out
+
+
+def snapshot(paths: list[Path]) -> dict[str, tuple[int, int, int]]:
+    """(mode, size, mtime_ns) of every entry under each path, symlinks not followed."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for base in paths:
+        if not base.exists():
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            for n in dirnames + filenames:
+                p = os.path.join(dirpath, n)
+                try:
+                    st = os.lstat(p)
+                except FileNotFoundError:
+                    continue
+                out[p] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
