@@ -54,7 +54,7 @@ class MonitorConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     metrics_address: str = "0.0.0.0"
     metrics_port: Port = 9394
     max_suspend_ms: Annotated[int, msgspec.Meta(ge=10)] = 1000
-    window_s: PositiveFloat = 1.0
+    window_s: PositiveFloat = 0.5
     backstop_action: Literal["kill", "log"] = "kill"
     backstop_tolerance_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
     backstop_grace_s: NonNegFloat = 2.0
