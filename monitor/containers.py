@@ -176,7 +176,7 @@ class Registry:
     def invalidate_region(self, c: Container) -> None:
         c.region_generation = -1
 
-    def _corrupt(self, c: Container, why: str) -> None:
+    def _corrupt(self, c: Container, why: str) -> vregion.RegionSnapshot | None:
         if c.region_error != why:
             log.warning(kv("corrupt region", container=c.id, reason=why))
             c.region_corrupt_total += 1

@@ -49,8 +49,8 @@ class ControlParams:
     policy: str = "contended"
     gain: float = 0.5
     gain_far: float = 1.0  # used while |error| > far_pp: reach the target fast, then settle gently
-    far_pp: float = 10.0
-    max_step: float = 0.5
+    far_pp: float = 20.0
+    max_step: float = 0.3
     d_min: float = 0.02
     deadband_pp: float = 0.5
 

@@ -86,11 +86,11 @@ class Mapper:
         if by_init:
             chain = [key, *procs.ancestors(key.pid, self.proc)]
             for k in chain:
-                c = by_init.get(k.pid)
-                if c is not None:
-                    ik = c.init_key
+                hit = by_init.get(k.pid)
+                if hit is not None:
+                    ik = hit.init_key
                     if ik is not None and (ik.start_time == 0 or ik.start_time == k.start_time):
-                        return c.id
+                        return hit.id
         # 4. region slots, confined to the container's pid namespace
         ns = procs.pid_ns(key.pid, self.proc)
         nsp = procs.nspids(key.pid, self.proc) or [key.pid]

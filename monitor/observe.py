@@ -148,7 +148,14 @@ class NvmlSource:
         """One observation of every GPU.  GPUs that fail are returned with up=False."""
         if not self.ready and not self._init():
             return [
-                GpuObs(index=o.index, uuid=o.uuid, name=o.name, up=False, error="nvml unavailable", memory_total=o.memory_total)
+                GpuObs(
+                    index=o.index,
+                    uuid=o.uuid,
+                    name=o.name,
+                    up=False,
+                    error="nvml unavailable",
+                    memory_total=o.memory_total,
+                )
                 for o in self.known.values()
             ]
         out: list[GpuObs] = []

@@ -32,7 +32,7 @@ def simulate(
     kernel_ms: float = 1.0,
     queue_depth: int = 8,
     cycle_s: float = 0.5,
-    window_s: float = 1.0,
+    window_s: float = 0.5,
     lag_s: float = 0.1,
     params: ControlParams | None = None,
     demand: dict[str, float] | None = None,
@@ -67,8 +67,11 @@ def simulate(
             duty = ctl.step(members)
         for pr in procs:
             pr.stopped = t >= cycle_start + duty[pr.name] * cycle_len
-            if not pr.stopped and rng.random() < pr.demand:
-                pr.queued = pr.queue_depth
+            if not pr.stopped:
+                if pr.demand >= 1.0:
+                    pr.queued = pr.queue_depth
+                elif rng.random() < pr.demand:
+                    pr.queued = min(pr.queue_depth, pr.queued + 1)
         # GPU: one kernel, round robin over non-empty queues
         n = len(procs)
         for i in range(n):

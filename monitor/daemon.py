@@ -1,0 +1,415 @@
+"""The monitor's main loop: observe, map, control, actuate, backstop, report, clean up.
+
+One thread does everything (the metrics HTTP server reads an immutable
+snapshot from its own thread).  The loop sleeps until the next event: an
+observation every `period_ms`, or an actuation edge of a GPU's duty cycle
+(see monitor/controller.py), so suspensions start and end on time without
+a fast polling loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor import procs
+from monitor.backstop import Backstop
+from monitor.cleanup import Collector
+from monitor.containers import Container, Registry, init_alive
+from monitor.controller import ControlParams, GpuController, MemberInput
+from monitor.mapping import Mapper
+from monitor.measure import UtilWindow
+from monitor.observe import GpuObs, NvmlSource
+from monitor.procs import ProcKey
+from monitor.regionio import write_extra_bytes
+from monitor.suspend import Suspender
+from vgpu.config import MonitorConfig
+from vgpu.log import kv
+from vgpu.paths import Paths
+
+log = logging.getLogger("vgpu.monitor")
+
+JITTER = 0.05
+MIN_OFF_S = 0.01
+SCAN_INTERVAL_S = 1.0
+REGION_INTERVAL_S = 1.0
+STATUS_INTERVAL_S = 1.0
+EXTRA_WRITE_THRESHOLD = 1 << 20
+
+
+@dataclass
+class GpuState:
+    uuid: str
+    index: int
+    ctl: GpuController
+    window: UtilWindow
+    name: str = ""
+    up: bool = False
+    error: str = ""
+    obs: GpuObs | None = None
+    members: dict[str, dict[ProcKey, int]] = field(default_factory=dict)  # container -> key -> bytes
+    use: dict[str, float] = field(default_factory=dict)
+    cycle_start: float = 0.0
+    cycle_len: float = 0.5
+    duty: dict[str, float] = field(default_factory=dict)
+
+
+class Monitor:
+    def __init__(
+        self,
+        cfg: MonitorConfig,
+        paths: Paths,
+        *,
+        source: Any = None,
+        guardian: bool = True,
+        log_level: str = "warning",
+        proc: str = procs.PROC,
+    ) -> None:
+        self.cfg = cfg
+        self.paths = paths
+        self.source = source if source is not None else NvmlSource()
+        self.registry = Registry(paths)
+        self.mapper = Mapper(proc)
+        self.suspender = Suspender(
+            paths.ledger_path, cfg.max_suspend_ms / 1000.0, guardian=guardian, log_level=log_level
+        )
+        self.backstop = Backstop(cfg.backstop_action, cfg.backstop_tolerance_bytes, cfg.backstop_grace_s)
+        self.collector = Collector(cfg.gc_grace_s)
+        self.params = ControlParams(policy=cfg.policy)
+        self.gpus: dict[str, GpuState] = {}
+        self.containers: dict[str, Container] = {}
+        self.rng = random.Random()
+        self.period = cfg.period_ms / 1000.0
+        self.duty_period = cfg.duty_period_ms / 1000.0
+        self.errors: Counter[str] = Counter()
+        self.loop_seconds = 0.0
+        self.loop_hist: Any = None  # set by metrics
+        self.snapshot: dict[str, Any] = {}
+        self.metrics_port = 0
+        self.extra_written: dict[tuple[str, int, int, int, int], int] = {}
+        self.gc_interval = max(0.5, min(5.0, cfg.gc_grace_s / 2 if cfg.gc_grace_s > 0 else 0.5))
+        self._next = {"observe": 0.0, "scan": 0.0, "region": 0.0, "status": 0.0, "gc": 0.0}
+        self.stopping = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        os.makedirs(self.paths.monitor_dir, mode=0o700, exist_ok=True)
+        n = self.suspender.start()
+        if n:
+            log.warning(kv("resumed processes left suspended by a previous monitor", resumed=n))
+
+    def close(self) -> None:
+        self.suspender.close()
+        try:
+            self.source.close()
+        except Exception:
+            pass
+        self.write_status(time.monotonic(), running=False)
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            wake = self.step(time.monotonic())
+            delay = wake - time.monotonic()
+            if delay > 0:
+                self.stopping.wait(delay)
+
+    # -- one iteration -----------------------------------------------------
+    def step(self, now: float) -> float:
+        nx = self._next
+        if now >= nx["observe"]:
+            t0 = time.perf_counter()
+            try:
+                self.observe(now)
+            except Exception as e:  # the loop must survive anything; count and log it
+                self.errors["loop"] += 1
+                log.exception(kv("monitor loop error", error=e))
+            self.loop_seconds = time.perf_counter() - t0
+            if self.loop_hist is not None:
+                self.loop_hist.observe(self.loop_seconds)
+            nx["observe"] = max(nx["observe"] + self.period, now + self.period / 4)
+        try:
+            self.actuate(now)
+        except Exception as e:
+            self.errors["actuate"] += 1
+            log.exception(kv("actuation error", error=e))
+        return min(nx["observe"], self.next_edge(now))
+
+    def observe(self, now: float) -> None:
+        nx = self._next
+        if now >= nx["scan"]:
+            self.containers = self.registry.scan()
+            self.suspender.check_guardian()
+            self.suspender.drop_dead(now)
+            nx["scan"] = now + SCAN_INTERVAL_S
+        read_regions = now >= nx["region"]
+        if read_regions:
+            for c in self.containers.values():
+                self.registry.read_region(c)
+            nx["region"] = now + REGION_INTERVAL_S
+        observations = self.source.observe()
+        live: set[ProcKey] = set()
+        for obs in observations:
+            g = self.gpus.get(obs.uuid)
+            if g is None:
+                g = self.gpus[obs.uuid] = GpuState(
+                    uuid=obs.uuid,
+                    index=obs.index,
+                    ctl=GpuController(self.params),
+                    window=UtilWindow(self.cfg.window_s),
+                    cycle_start=now,
+                    cycle_len=self.duty_period,
+                )
+            g.index, g.name, g.obs = obs.index, obs.name, obs
+            if not obs.up:
+                if g.up or not g.error:
+                    log.warning(kv("GPU unavailable; resuming its containers", gpu=obs.uuid, error=obs.error))
+                    self.errors["nvml"] += 1
+                g.up, g.error = False, obs.error or "down"
+                g.members, g.use, g.duty = {}, {}, {}
+                g.ctl = GpuController(self.params)
+                g.window = UtilWindow(self.cfg.window_s)
+                continue
+            if not g.up and g.error:
+                log.warning(kv("GPU back", gpu=obs.uuid))
+            g.up, g.error = True, ""
+            g.window.add(obs.samples, now)
+            members: dict[str, dict[ProcKey, int]] = {}
+            pid_cid: dict[int, str] = {}
+            for pid, used in obs.procs.items():
+                k = self.mapper.key(pid)
+                if k is None:
+                    continue
+                live.add(k)
+                cid = self.mapper.resolve(k, self.containers)
+                if cid is not None:
+                    members.setdefault(cid, {})[k] = used
+                    pid_cid[pid] = cid
+            g.members = members
+            g.window.retain(set(obs.procs))
+            use: dict[str, float] = {}
+            for pid, cid in pid_cid.items():
+                use[cid] = use.get(cid, 0.0) + g.window.use(pid, now)
+            g.use = {cid: min(100.0, u) for cid, u in use.items()}
+            for cid, keys in members.items():
+                owner = self.containers.get(cid)
+                if owner is not None:
+                    self.backstop.check(cid, g.uuid, sum(keys.values()), owner.memory_limit(g.uuid), keys, now)
+        self.mapper.forget_except(live)
+        if read_regions:
+            self.update_extra_bytes()
+        if now >= nx["gc"]:
+            self.collect_garbage(now)
+            nx["gc"] = now + self.gc_interval
+        if now >= nx["status"]:
+            self.write_status(now)
+            nx["status"] = now + STATUS_INTERVAL_S
+
+    # -- control and actuation ---------------------------------------------
+    def _control(self, g: GpuState, now: float) -> None:
+        members: dict[str, MemberInput] = {}
+        full = g.window.full(now)
+        for cid in g.members:
+            c = self.containers.get(cid)
+            share = c.share(g.uuid) if c is not None else None
+            if share is None:
+                continue
+            members[cid] = MemberInput(target=share, util=g.use.get(cid, 0.0), measured=full)
+        g.duty = g.ctl.step(members)
+
+    def actuate(self, now: float) -> None:
+        want: dict[ProcKey, str] = {}
+        for g in self.gpus.values():
+            if not g.up:
+                continue
+            if now >= g.cycle_start + g.cycle_len:
+                self._control(g, now)
+                g.cycle_start = now
+                g.cycle_len = self.duty_period * (1 + self.rng.uniform(-JITTER, JITTER))
+            for cid, d in g.duty.items():
+                off_at = self._off_at(g, d)
+                if off_at is not None and now >= off_at:
+                    for k in g.members.get(cid, {}):
+                        want[k] = cid
+        self.suspender.apply(want, now)
+
+    def _off_at(self, g: GpuState, d: float) -> float | None:
+        if d >= 1.0:
+            return None
+        off = min((1.0 - d) * g.cycle_len, self.cfg.max_suspend_ms / 1000.0)
+        if off < MIN_OFF_S:
+            return None
+        return g.cycle_start + g.cycle_len - off
+
+    def next_edge(self, now: float) -> float:
+        t = now + 3600.0
+        for g in self.gpus.values():
+            if not g.up:
+                continue
+            end = g.cycle_start + g.cycle_len
+            t = min(t, end)
+            for d in g.duty.values():
+                off_at = self._off_at(g, d)
+                if off_at is not None and off_at > now:
+                    t = min(t, off_at)
+        return t
+
+    # -- region extra bytes ------------------------------------------------
+    def update_extra_bytes(self) -> None:
+        """Write into each slot the bytes NVML sees for its process beyond what the library charged."""
+        by_uuid = {g.uuid: g for g in self.gpus.values() if g.up}
+        for c in self.containers.values():
+            snap = c.region
+            if snap is None:
+                continue
+            keys: dict[ProcKey, dict[str, int]] = {}
+            for g in by_uuid.values():
+                for k, used in g.members.get(c.id, {}).items():
+                    keys.setdefault(k, {})[g.uuid] = used
+            if not keys:
+                continue
+            inner: dict[int, ProcKey] = {}
+            for k in keys:
+                ns = procs.nspids(k.pid)
+                if ns:
+                    inner[ns[-1]] = k
+            writes: dict[tuple[int, int], int] = {}
+            tags: list[tuple[str, int, int, int, int]] = []
+            for s in snap.slots:
+                k2: ProcKey | None = None
+                if s.host_pid > 0:
+                    cand = [k for k in keys if k.pid == s.host_pid]
+                    k2 = cand[0] if cand else None
+                else:
+                    k2 = inner.get(s.pid)
+                if k2 is None or (s.start_time and s.start_time != k2.start_time):
+                    continue
+                for j, dev in enumerate(snap.devices):
+                    seen = keys[k2].get(dev.uuid)
+                    if seen is None:
+                        continue
+                    extra = max(0, seen - s.device_bytes[j])
+                    tag = (c.id, s.index, j, k2.pid, k2.start_time)
+                    last = self.extra_written.get(tag, s.extra_bytes[j])
+                    if abs(extra - last) >= EXTRA_WRITE_THRESHOLD or (extra == 0 and last != 0):
+                        writes[(s.index, j)] = extra
+                        self.extra_written[tag] = extra
+                        tags.append(tag)
+            if writes:
+                try:
+                    ok = write_extra_bytes(c.region_path, writes)
+                except (OSError, ValueError) as e:
+                    ok = False
+                    self.errors["region_write"] += 1
+                    log.warning(kv("cannot write extra bytes", container=c.id, error=e))
+                if not ok:  # lock busy or error: try again next round
+                    for tag in tags:
+                        self.extra_written.pop(tag, None)
+        if len(self.extra_written) > 100_000:
+            self.extra_written.clear()
+
+    # -- garbage collection --------------------------------------------------
+    def collect_garbage(self, now: float) -> None:
+        with_procs = {cid for g in self.gpus.values() for cid in g.members}
+        for c in list(self.containers.values()):
+            if self.collector.gone(c, c.id in with_procs, now):
+                self.suspender.resume_container(c.id, now)
+                if self.collector.remove(c):
+                    self.containers.pop(c.id, None)
+                    self.registry.containers.pop(c.id, None)
+                    self.backstop.forget(c.id)
+
+    # -- status ------------------------------------------------------------
+    def build_snapshot(self, now: float, running: bool = True) -> dict[str, Any]:
+        gpus = []
+        for g in sorted(self.gpus.values(), key=lambda x: x.index):
+            o = g.obs
+            rows = []
+            for cid, keys in sorted(g.members.items()):
+                c = self.containers.get(cid)
+                if c is None:
+                    continue
+                acts = self.backstop.actions.get(cid, Counter())
+                rows.append(
+                    {
+                        **c.labels(),
+                        "pids": sorted(k.pid for k in keys),
+                        "memory_used": sum(keys.values()),
+                        "memory_limit": c.memory_limit(g.uuid),
+                        "sm_use": round(g.use.get(cid, 0.0), 2),
+                        "share": c.share(g.uuid),
+                        "effective_share": g.ctl.targets.get(cid),
+                        "duty": round(g.duty.get(cid, 1.0), 4),
+                        "suspended": any(k in self.suspender.stopped for k in keys),
+                        "backstop_actions": dict(acts),
+                    }
+                )
+            gpus.append(
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "up": g.up,
+                    "error": g.error,
+                    "memory_total": o.memory_total if o else 0,
+                    "memory_used": o.memory_used if o and g.up else 0,
+                    "util": o.util if o and g.up else 0,
+                    "containers": rows,
+                }
+            )
+        containers = []
+        for c in sorted(self.containers.values(), key=lambda x: x.id):
+            st = self.suspender.stats.get(c.id)
+            containers.append(
+                {
+                    **c.labels(),
+                    "gpus": sorted(c.limits),
+                    "init_alive": init_alive(c),
+                    "region_error": c.region_error,
+                    "region_corrupt_total": c.region_corrupt_total,
+                    "suspended": self.suspender.is_suspended(c.id),
+                    "suspended_seconds": round(self.suspender.suspended_seconds(c.id, now), 3),
+                    "suspensions": st.suspensions if st else 0,
+                    "longest_stop_s": round(st.longest_stop_s, 3) if st else 0.0,
+                    "backstop_actions": dict(self.backstop.actions.get(c.id, Counter())),
+                }
+            )
+        return {
+            "version": 1,
+            "running": running,
+            "time": time.time(),
+            "pid": os.getpid(),
+            "policy": self.cfg.policy,
+            "metrics_port": self.metrics_port,
+            "loop_seconds": self.loop_seconds,
+            "errors": dict(self.errors),
+            "nvml_errors": getattr(self.source, "errors", 0),
+            "suspended_processes": len(self.suspender.stopped),
+            "guardian_armed": self.suspender.armed,
+            "gc_removed": self.collector.removed,
+            "gpus": gpus,
+            "containers": containers,
+        }
+
+    def write_status(self, now: float, running: bool = True) -> None:
+        import msgspec
+
+        snap = self.build_snapshot(now, running)
+        self.snapshot = snap
+        path = self.paths.status_path
+        tmp = f"{path}.tmp.{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, msgspec.json.encode(snap))
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+        except OSError as e:
+            self.errors["status"] += 1
+            log.warning(kv("cannot write status", path=path, error=e))

@@ -1,0 +1,121 @@
+"""Prometheus metrics, served by prometheus-client's HTTP server.
+
+A custom collector turns the monitor's latest snapshot (rebuilt every second
+by the main loop, replaced atomically) into metric families, so a scrape never
+touches live monitor state.  Names:
+
+per GPU (labels gpu, uuid):
+  vgpu_gpu_up, vgpu_gpu_memory_total_bytes, vgpu_gpu_memory_used_bytes,
+  vgpu_gpu_utilization_percent
+per container and GPU (labels container_id, namespace, pod, container, gpu, uuid):
+  vgpu_container_memory_used_bytes, vgpu_container_memory_limit_bytes,
+  vgpu_container_sm_use_percent, vgpu_container_sm_share_percent,
+  vgpu_container_duty_ratio
+per container (labels container_id, namespace, pod, container):
+  vgpu_container_suspended (0/1), vgpu_container_suspended_seconds_total,
+  vgpu_container_suspensions_total, vgpu_container_backstop_actions_total{action},
+  vgpu_container_region_corrupt (0/1), vgpu_container_region_corrupt_total
+the monitor:
+  vgpu_monitor_loop_duration_seconds (histogram), vgpu_monitor_errors_total{kind},
+  vgpu_monitor_suspended_processes, vgpu_monitor_guardian_armed,
+  vgpu_monitor_gc_removed_total
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+CLABELS = ["container_id", "namespace", "pod", "container"]
+
+
+class SnapshotCollector:
+    def __init__(self, monitor: Any) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        snap: dict[str, Any] = self.monitor.snapshot
+        if not snap:
+            return
+        gl = ["gpu", "uuid"]
+        up = GaugeMetricFamily("vgpu_gpu_up", "1 while NVML answers for the GPU", labels=gl)
+        mt = GaugeMetricFamily("vgpu_gpu_memory_total_bytes", "GPU memory size", labels=gl)
+        mu = GaugeMetricFamily("vgpu_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=gl)
+        ut = GaugeMetricFamily("vgpu_gpu_utilization_percent", "GPU utilisation (NVML)", labels=gl)
+        cl = [*CLABELS, "gpu", "uuid"]
+        cmu = GaugeMetricFamily(
+            "vgpu_container_memory_used_bytes", "GPU memory of the container's processes (NVML)", labels=cl
+        )
+        cml = GaugeMetricFamily("vgpu_container_memory_limit_bytes", "the container's GPU memory limit", labels=cl)
+        csu = GaugeMetricFamily("vgpu_container_sm_use_percent", "SM use over the window", labels=cl)
+        css = GaugeMetricFamily("vgpu_container_sm_share_percent", "the container's compute share", labels=cl)
+        cdr = GaugeMetricFamily("vgpu_container_duty_ratio", "fraction of each cycle the container runs", labels=cl)
+        for g in snap["gpus"]:
+            lv = [str(g["index"]), g["uuid"]]
+            up.add_metric(lv, 1.0 if g["up"] else 0.0)
+            mt.add_metric(lv, g["memory_total"])
+            mu.add_metric(lv, g["memory_used"])
+            ut.add_metric(lv, g["util"])
+            for r in g["containers"]:
+                v = [r["container_id"], r["namespace"], r["pod"], r["container"], *lv]
+                cmu.add_metric(v, r["memory_used"])
+                if r["memory_limit"] is not None:
+                    cml.add_metric(v, r["memory_limit"])
+                csu.add_metric(v, r["sm_use"])
+                if r["share"] is not None:
+                    css.add_metric(v, r["share"])
+                cdr.add_metric(v, r["duty"])
+        yield from (up, mt, mu, ut, cmu, cml, csu, css, cdr)
+
+        sus = GaugeMetricFamily("vgpu_container_suspended", "1 while the container is suspended", labels=CLABELS)
+        sec = CounterMetricFamily(
+            "vgpu_container_suspended_seconds", "time the container spent suspended", labels=CLABELS
+        )
+        cnt = CounterMetricFamily("vgpu_container_suspensions", "suspensions of the container", labels=CLABELS)
+        bs = CounterMetricFamily(
+            "vgpu_container_backstop_actions", "memory backstop actions", labels=[*CLABELS, "action"]
+        )
+        rc = GaugeMetricFamily("vgpu_container_region_corrupt", "1 while the region fails validation", labels=CLABELS)
+        rct = CounterMetricFamily("vgpu_container_region_corrupt", "corrupt region reports", labels=CLABELS)
+        for c in snap["containers"]:
+            v = [c["container_id"], c["namespace"], c["pod"], c["container"]]
+            sus.add_metric(v, 1.0 if c["suspended"] else 0.0)
+            sec.add_metric(v, c["suspended_seconds"])
+            cnt.add_metric(v, c["suspensions"])
+            for action in ("kill", "log"):
+                bs.add_metric([*v, action], c["backstop_actions"].get(action, 0))
+            rc.add_metric(v, 1.0 if c["region_error"] else 0.0)
+            rct.add_metric(v, c["region_corrupt_total"])
+        yield from (sus, sec, cnt, bs, rc)
+        yield rct
+
+        err = CounterMetricFamily("vgpu_monitor_errors", "monitor errors by kind", labels=["kind"])
+        errors = dict(snap["errors"])
+        errors["nvml_call"] = snap.get("nvml_errors", 0)
+        for kind, n in sorted(errors.items()):
+            err.add_metric([kind], n)
+        yield err
+        yield GaugeMetricFamily(
+            "vgpu_monitor_suspended_processes", "processes suspended now", value=snap["suspended_processes"]
+        )
+        yield GaugeMetricFamily(
+            "vgpu_monitor_guardian_armed", "1 while the guardian is armed", value=1.0 if snap["guardian_armed"] else 0.0
+        )
+        yield CounterMetricFamily("vgpu_monitor_gc_removed", "state directories removed", value=snap["gc_removed"])
+
+
+def serve(monitor: Any, address: str, port: int) -> int:
+    """Start the HTTP server on its own thread; returns the bound port."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(monitor))  # type: ignore[arg-type]
+    monitor.loop_hist = Histogram(
+        "vgpu_monitor_loop_duration_seconds",
+        "duration of one observation loop",
+        buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+        registry=reg,
+    )
+    server, _thread = start_http_server(port, addr=address, registry=reg)
+    return int(server.server_address[1])
