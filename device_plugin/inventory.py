@@ -57,18 +57,20 @@ def node_name(configured: str) -> str:
 
 def _load_client() -> Any | None:
     """A CoreV1Api, or None when no API server configuration exists."""
-    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        if not any(os.path.isfile(p) for p in kubeconfig.split(os.pathsep) if p):
-            log.info("no in-cluster environment and no kubeconfig at %s", kubeconfig)
-            return None
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    files = [p for p in kubeconfig.split(os.pathsep) if p and os.path.isfile(p)]
+    if not in_cluster and not files:
+        log.info("no in-cluster environment and no kubeconfig at %s", kubeconfig)
+        return None
     from kubernetes import client, config  # slow import: only when needed
 
     try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if in_cluster:
             config.load_incluster_config()
         else:
-            config.load_kube_config()
+            # Explicit file: the client reads $KUBECONFIG once, at import time.
+            config.load_kube_config(config_file=files[0])
     except Exception as e:  # ConfigException, missing files, bad kubeconfig
         log.info("kubernetes client configuration: %s", e)
         return None

@@ -112,6 +112,16 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    # Inode numbers are reused at once on tmpfs/ext4; with ctime they tell
+    # "our socket" from "a new file of the same name".
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
 class PluginServer:
     """One serving instance of the plugin on its socket; restarted as a whole."""
 
@@ -120,7 +130,7 @@ class PluginServer:
         self.stop_event = threading.Event()
         self.service = DevicePluginService(stop=self.stop_event, **service_args)
         self.server: grpc.Server | None = None
-        self.inode: int | None = None
+        self.identity: tuple[int, int] | None = None  # (inode, ctime_ns) of our socket
         self.started_at = 0.0
         self._workers = workers
 
@@ -140,8 +150,7 @@ class PluginServer:
             raise OSError(f"cannot bind {self.socket_path}")
         server.start()
         self.server = server
-        st = os.stat(self.socket_path)
-        self.inode = st.st_ino
+        self.identity = _identity(self.socket_path)
         self.started_at = time.monotonic()
 
     def wait_ready(self, timeout: float = 5.0) -> None:
@@ -153,10 +162,7 @@ class PluginServer:
 
     def alive(self, timeout: float = 2.0) -> bool:
         """The socket is still ours and the server answers."""
-        try:
-            if os.stat(self.socket_path).st_ino != self.inode:
-                return False
-        except OSError:
+        if _identity(self.socket_path) != self.identity:
             return False
         try:
             with grpc.insecure_channel(f"unix://{self.socket_path}") as ch:
@@ -174,7 +180,7 @@ class PluginServer:
         # Remove the socket only if it is still the one we created: kubelet may
         # already have deleted it, and a new instance may own the path now.
         try:
-            if self.inode is not None and os.stat(self.socket_path).st_ino == self.inode:
+            if self.identity is not None and _identity(self.socket_path) == self.identity:
                 os.unlink(self.socket_path)
         except FileNotFoundError:
             pass

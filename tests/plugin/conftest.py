@@ -1,0 +1,133 @@
+"""Fixtures of the device plugin suite.
+
+- `kubelet`: a started FakeKubelet under tmp_path (tests/support/kubelet.py).
+- `inproc`: a factory running `device_plugin.daemon.Daemon` in a thread over
+  synthetic GPUs (real gRPC, real unix sockets; no NVML).
+- `PluginProcess`: the real `vgpu-device-plugin` as a subprocess (NVML from tests/fakegpu).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from device_plugin.daemon import Daemon
+from tests.support.kubelet import FakeKubelet
+from vgpu.config import DevicePluginConfig
+from vgpu.nvml import GPUInfo
+from vgpu.paths import Paths
+
+ROOT = Path(__file__).resolve().parents[2]
+GiB = 1 << 30
+
+
+def synthetic_gpus(n: int = 2, mem: int = 16 * GiB) -> list[GPUInfo]:
+    return [
+        GPUInfo(i, f"GPU-{i:08x}-abcd-ef01-2345-6789abcdef01", "Fake H100", mem, f"0000:{i + 1:02x}:00.0", i % 2)
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
+    k = FakeKubelet(tmp_path / "kubelet")
+    k.start()
+    try:
+        yield k
+    finally:
+        k.stop()
+
+
+@dataclass
+class InProc:
+    daemon: Daemon
+    thread: threading.Thread
+    state: Paths
+
+    def stop(self) -> None:
+        self.daemon.stop_event.set()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def inproc(tmp_path: Path) -> Iterator[Callable[..., InProc]]:
+    running: list[InProc] = []
+
+    def start(gpus: list[GPUInfo] | None = None, **cfg: Any) -> InProc:
+        cfg.setdefault("kubelet_dir", str(tmp_path / "kubelet"))
+        conf = DevicePluginConfig(**cfg)
+        state = Paths(str(tmp_path / "state"))
+        d = Daemon(conf, state, gpus if gpus is not None else synthetic_gpus(), nvml_health=False)
+        t = threading.Thread(target=d.run, name="plugin", daemon=True)
+        t.start()
+        p = InProc(d, t, state)
+        running.append(p)
+        return p
+
+    yield start
+    for p in running:
+        if p.thread.is_alive():
+            p.stop()
+
+
+@dataclass
+class PluginProcess:
+    """`python -m device_plugin` with the given flags and environment."""
+
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> PluginProcess:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, **self.env, **self.extra}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "device_plugin", *self.args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def send(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        return rc
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "device_plugin", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
