@@ -98,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dp = cfg.device_plugin
     if "/" not in dp.resource_name or dp.resource_name.startswith("kubernetes.io/"):
-        print(f"{PROG}: invalid --resource-name {dp.resource_name!r}: must be a domain-prefixed extended resource name",
-              file=sys.stderr)
+        print(
+            f"{PROG}: invalid --resource-name {dp.resource_name!r}: must be a domain-prefixed extended resource name",
+            file=sys.stderr,
+        )
         return 2
     if "/" in dp.socket_name or dp.socket_name in ("", ".", "..", "kubelet.sock"):
         print(f"{PROG}: invalid --socket-name {dp.socket_name!r}: a file name other than kubelet.sock", file=sys.stderr)
@@ -118,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     if not gpus:
         log.warning("NVML reports no GPU; registering with no devices")
     for g in gpus:
-        log.info("gpu %d %s %s memory=%d bus=%s numa=%s", g.index, g.uuid, g.name, g.memory_total, g.pci_bus_id,
-                 g.numa_node)
+        log.info(
+            "gpu %d %s %s memory=%d bus=%s numa=%s", g.index, g.uuid, g.name, g.memory_total, g.pci_bus_id, g.numa_node
+        )
 
     from device_plugin.daemon import Daemon
 

@@ -91,7 +91,7 @@ class PluginProcess:
     extra: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> PluginProcess:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "ab")
         env = {**os.environ, **self.env, **self.extra}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "device_plugin", *self.args],
@@ -122,7 +122,9 @@ class PluginProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "device_plugin", *args],
         cwd=ROOT,

@@ -57,8 +57,19 @@ def test_help_lists_every_config_field() -> None:
     r = run_cli(["--help"])
     assert r.returncode == 0
     for flag in (
-        "--config", "--state-dir", "--log-level", "--resource-name", "--device-split-count",
-        "--device-memory-scaling", "--device-cores-scaling", "--kubelet-dir", "--socket-name",
-        "--allocation-policy", "--health-recovery-s", "--record-gc-grace-s", "--record-gc-interval-s", "--node-name",
+        "--config",
+        "--state-dir",
+        "--log-level",
+        "--resource-name",
+        "--device-split-count",
+        "--device-memory-scaling",
+        "--device-cores-scaling",
+        "--kubelet-dir",
+        "--socket-name",
+        "--allocation-policy",
+        "--health-recovery-s",
+        "--record-gc-grace-s",
+        "--record-gc-interval-s",
+        "--node-name",
     ):
         assert flag in r.stdout

@@ -57,7 +57,7 @@ class _APIServer(BaseHTTPRequestHandler):
     patches: list[tuple[str, str, dict, str]] = []
     status = 200
 
-    def do_PATCH(self) -> None:  # noqa: N802 - http.server naming
+    def do_PATCH(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).patches.append(
             (self.path, self.headers.get("Content-Type", ""), body, self.headers.get("Authorization", ""))
@@ -66,7 +66,9 @@ class _APIServer(BaseHTTPRequestHandler):
         if self.status != 200:
             out = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": self.status}).encode()
         else:
-            out = json.dumps({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, **body["metadata"]}}).encode()
+            out = json.dumps(
+                {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, **body["metadata"]}}
+            ).encode()
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
