@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import struct
+import time
 from dataclasses import dataclass, field
 
 import msgspec
@@ -26,6 +28,7 @@ from vgpu.log import kv
 log = logging.getLogger("vgpu.monitor.containers")
 
 HEADER_SIZE = 48  # magic .. generation: enough to see whether the region changed
+FULL_PARSE_INTERVAL_S = 10.0  # re-validate every slot at least this often, changed or not
 
 
 @dataclass
@@ -41,6 +44,7 @@ class Container:
     region_generation: int = -1
     region_error: str = ""
     region_corrupt_total: int = 0
+    region_parsed_at: float = 0.0
 
     @property
     def region_path(self) -> str:
@@ -156,14 +160,25 @@ class Registry:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return self._corrupt(c, "not a regular file")
+            if st.st_size < vregion.REGION_SIZE:
+                return self._corrupt(c, f"short region ({st.st_size} < {vregion.REGION_SIZE} bytes)")
             head = os.pread(fd, HEADER_SIZE, 0)
         finally:
             os.close(fd)
         if len(head) < HEADER_SIZE:
             return self._corrupt(c, f"short region ({len(head)} bytes)")
-        generation = int.from_bytes(head[32:40], "little")
-        if c.region is not None and generation == c.region_generation and not c.region_error:
-            return c.region
+        magic, version, size, ndev, nslots, _created, generation = struct.unpack_from("<QIIIIQQ", head)
+        now = time.monotonic()
+        if (
+            c.region is not None
+            and generation == c.region_generation
+            and not c.region_error
+            and now - c.region_parsed_at < FULL_PARSE_INTERVAL_S
+            and (magic, version, size, nslots)
+            == (vregion.MAGIC, vregion.VERSION, vregion.REGION_SIZE, vregion.MAX_SLOTS)
+            and ndev == len(c.region.devices)
+        ):
+            return c.region  # header intact and nothing changed: the cached parse stands
         try:
             snap = vregion.read_region(c.region_path)
         except vregion.RegionCorrupt as e:
@@ -171,6 +186,7 @@ class Registry:
         except OSError as e:
             return self._corrupt(c, f"read: {e.strerror}")
         c.region, c.region_generation, c.region_error = snap, generation, ""
+        c.region_parsed_at = now
         return snap
 
     def invalidate_region(self, c: Container) -> None:

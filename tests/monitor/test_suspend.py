@@ -73,7 +73,11 @@ def test_process_exiting_while_stopped(tmp_path: Path, procs: Procs) -> None:
 def test_zombie_is_harmless(tmp_path: Path, procs: Procs) -> None:
     # the parent never reaps its child: the child stays a zombie
     parent = procs.spawn(
-        [sys.executable, "-c", "import os,time\npid=os.fork()\nif pid==0: os._exit(0)\nprint(pid,flush=True)\ntime.sleep(60)"],
+        [
+            sys.executable,
+            "-c",
+            "import os,time\npid=os.fork()\nif pid==0: os._exit(0)\nprint(pid,flush=True)\ntime.sleep(60)",
+        ],
         stdout=subprocess.PIPE,
     )
     assert parent.stdout is not None
