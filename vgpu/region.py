@@ -49,7 +49,7 @@ class SlotDevice(ctypes.Structure):
         ("device_bytes", ctypes.c_uint64),
         ("host_bytes", ctypes.c_uint64),
         ("extra_bytes", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64),
+        ("ctx_reserve", ctypes.c_uint64),
     ]
 
 
@@ -74,7 +74,9 @@ class Region(ctypes.Structure):
         ("num_slots", ctypes.c_uint32),
         ("created", ctypes.c_uint64),
         ("generation", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * 8),
+        ("slot_hwm", ctypes.c_uint32),
+        ("reserved0", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 7),
         ("devices", RegionDevice * MAX_DEVICES),
         ("slots", Slot * MAX_SLOTS),
     ]
@@ -110,6 +112,7 @@ class SlotInfo:
     device_bytes: tuple[int, ...]
     host_bytes: tuple[int, ...]
     extra_bytes: tuple[int, ...]
+    ctx_reserve: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,7 @@ def parse(buf: bytes) -> RegionSnapshot:
                 device_bytes=tuple(s.dev[j].device_bytes for j in range(nd)),
                 host_bytes=tuple(s.dev[j].host_bytes for j in range(nd)),
                 extra_bytes=tuple(s.dev[j].extra_bytes for j in range(nd)),
+                ctx_reserve=tuple(s.dev[j].ctx_reserve for j in range(nd)),
             )
         )
     return RegionSnapshot(devices=devices, slots=slots)

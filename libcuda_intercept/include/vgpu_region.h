@@ -12,6 +12,13 @@
  * All integers are little-endian, naturally aligned, fixed width.  The layout
  * never changes without bumping VGPU_REGION_VERSION.
  *
+ * Accounting rule (libvgpu.so): for device d, the container's usage is the sum
+ * over ACTIVE slots of device_bytes + host_bytes + max(extra_bytes, ctx_reserve).
+ * A charge is checked and added under the region lock; a process lowers only
+ * its own slot's counters, lock-free (atomic), after the driver freed memory.
+ * devices[].used_device/used_host are informational totals, recomputed under
+ * the lock at every charge and decremented atomically on frees.
+ *
  * Locking: cross-process updates are serialised with an fcntl() record lock
  * (F_OFD_SETLKW) on byte VGPU_REGION_LOCK_BYTE of the file — released by the
  * kernel when a holder dies.  A process's slot is "owned" while that process
@@ -54,7 +61,9 @@ struct vgpu_slot_device {
     uint64_t device_bytes;   /* charged by the library, resident on the GPU */
     uint64_t host_bytes;     /* charged by the library, host-backed (managed fallback) */
     uint64_t extra_bytes;    /* written by the monitor: NVML-seen bytes beyond the above */
-    uint64_t reserved;
+    uint64_t ctx_reserve;    /* set by the library at this process's first charge on the device:
+                                the configured per-context reserve; the limit check counts
+                                max(extra_bytes, ctx_reserve) for the slot */
 };
 
 struct vgpu_slot {
@@ -75,7 +84,9 @@ struct vgpu_region {
     uint32_t num_slots;      /* == VGPU_MAX_SLOTS */
     uint64_t created;        /* unix seconds, set by the hook */
     uint64_t generation;     /* bumped on every accounting change */
-    uint64_t reserved[8];
+    uint32_t slot_hwm;       /* slots at index >= slot_hwm are FREE (library, under the lock) */
+    uint32_t reserved0;
+    uint64_t reserved[7];
     struct vgpu_region_device devices[VGPU_MAX_DEVICES];
     struct vgpu_slot slots[VGPU_MAX_SLOTS];
 };
