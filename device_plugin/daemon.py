@@ -92,13 +92,22 @@ class Daemon:
             "policy": self.cfg.allocation_policy,
         }
 
-    def _serve(self) -> None:
+    def _serve(self) -> bool:
+        """(Re)start the gRPC server; False (logged) when it cannot serve."""
+        self.registered = False
         if self.server is not None:
             self.server.stop()
-        self.server = PluginServer(self._service_args(), self.where.plugin_socket)
-        self.server.start()
-        self.server.wait_ready()
-        self.registered = False
+            self.server = None
+        server = PluginServer(self._service_args(), self.where.plugin_socket)
+        try:
+            server.start()
+            server.wait_ready()
+        except Exception as e:  # bind failure, server never answering
+            log.error(kv("cannot serve", socket=self.where.plugin_socket, error=e))
+            server.stop()
+            return False
+        self.server = server
+        return True
 
     def _register(self) -> bool:
         if not os.path.exists(self.where.kubelet_socket):
@@ -125,8 +134,8 @@ class Daemon:
         """Stop serving, serve afresh, register again (kubelet restart, SIGHUP, crash)."""
         self.restarts += 1
         log.warning(kv("restarting plugin server", reason=why))
-        self._serve()
-        self._register()
+        if self._serve():
+            self._register()
 
     def run(self) -> int:
         records.ensure_dir(self.paths)
@@ -137,8 +146,8 @@ class Daemon:
             if self.health is not None:
                 self.health.start()
             housekeeping.start()
-            self._serve()
-            self._register()
+            if self._serve():
+                self._register()
             last_live = last_try = time.monotonic()
             while not self.stop_event.is_set():
                 kubelet_new = watcher.wait(_TICK_S)
@@ -154,11 +163,13 @@ class Daemon:
                 now = time.monotonic()
                 if not self.registered and now - last_try >= _REGISTER_RETRY_S:
                     last_try = now
-                    self._register()
+                    if self.server is None:
+                        self.restart("serving failed earlier")
+                    else:
+                        self._register()
                 if now - last_live >= _LIVENESS_S:
                     last_live = now
-                    assert self.server is not None
-                    if not self.server.alive():
+                    if self.server is not None and not self.server.alive():
                         self.restart("plugin socket gone or server not answering")
         finally:
             watcher.close()

@@ -209,3 +209,23 @@ def test_records_kept_without_pod_resources(tmp_path: Path, inproc, caplog: pyte
         assert os.path.exists(p.state.allocation_record(a.envs[TOKEN_ENV]))
         msgs = [r.getMessage() for r in caplog.records if "PodResources API unavailable" in r.getMessage()]
         assert len(msgs) == 1, msgs
+
+
+def test_crashed_server_and_lost_socket_are_restarted(
+    kubelet: FakeKubelet, inproc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import device_plugin.daemon as daemon_mod
+
+    monkeypatch.setattr(daemon_mod, "_LIVENESS_S", 0.3)
+    p = inproc()
+    kubelet.wait_endpoint()
+    # gRPC server dies under the daemon: re-served and re-registered
+    assert p.daemon.server is not None and p.daemon.server.server is not None
+    p.daemon.server.server.stop(0).wait(5)
+    kubelet.wait_registration(count=2, timeout=20)
+    assert len(kubelet.wait_endpoint(timeout=20).devices()) == 4
+    # socket deleted by someone, kubelet not restarted: same
+    os.unlink(os.path.join(kubelet.device_plugins_dir, "vgpu.sock"))
+    kubelet.wait_registration(count=3, timeout=20)
+    assert kubelet.admit("default", "x", "c", 1).envs[TOKEN_ENV]
+    assert p.daemon.restarts == 2

@@ -450,7 +450,7 @@ class FakeKubelet:
 
         Raises InsufficientDevices, or grpc.RpcError when the plugin refuses.
         """
-        ep = self.endpoint(resource_name)
+        ep = self.wait_endpoint(resource_name)
         used = self.allocated_ids(resource_name)
         available = [d for d in sorted(ep.healthy_ids()) if d not in used]
         if count > len(available):
