@@ -1,17 +1,117 @@
-"""vgpuctl: node-local inspection of k8s-vgpu (stub until the monitor issue lands)."""
+"""vgpuctl: node-local inspection of k8s-vgpu, like nvidia-smi but vGPU-aware.
+
+`vgpuctl status` reads the monitor's status file (<state_dir>/monitor/status.json,
+rewritten every second by vgpu-monitor) and prints the GPUs, their vGPU
+containers (pod/namespace), memory used/limit, SM use/share and whether each
+is suspended.  No cluster access is needed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from typing import Any
 
 from vgpu import __version__
+from vgpu.config import ConfigError, config_path_from_env, load_config
+
+STALE_S = 10.0
+HEAD_MEM = "MEM USED/LIMIT GiB"
+HEAD_SM = "SM USE/SHARE %"
+
+
+def _gib(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / (1 << 30):.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def render(status: dict[str, Any], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    age = now - float(status.get("time", 0))
+    state = "running" if status.get("running", True) else "stopped"
+    if state == "running" and age > STALE_S:
+        state = "not updating (stale)"
+    lines = [
+        f"vgpu-monitor: {state} (pid {status.get('pid', '?')}, policy {status.get('policy', '?')}, "
+        f"updated {age:.1f}s ago, {status.get('suspended_processes', 0)} process(es) suspended)"
+    ]
+    containers = {c["container_id"]: c for c in status.get("containers", [])}
+    shown: set[str] = set()
+    for g in status.get("gpus", []):
+        up = "" if g.get("up", True) else f"  DOWN: {g.get('error', '')}"
+        lines.append(
+            f"GPU {g['index']}  {g['uuid']}  {g.get('name', '')}  "
+            f"mem {_gib(g.get('memory_used'))}/{_gib(g.get('memory_total'))} GiB  util {g.get('util', 0)}%{up}"
+        )
+        rows = g.get("containers", [])
+        if not rows:
+            lines.append("  (no vGPU containers)")
+            continue
+        lines.append(f"  {'NAMESPACE/POD':<32} {'CONTAINER':<14} {'ID':<13} {HEAD_MEM:<19} {HEAD_SM:<15} STATE")
+        for r in rows:
+            shown.add(r["container_id"])
+            c = containers.get(r["container_id"], {})
+            pod = f"{r.get('namespace') or '-'}/{r.get('pod') or '-'}"
+            st = "suspended" if r.get("suspended") else "running"
+            if c.get("region_error"):
+                st += " region-corrupt"
+            lines.append(
+                f"  {pod:<32.32} {r.get('container') or '-':<14.14} {r['container_id'][:12]:<13} "
+                f"{_gib(r.get('memory_used')) + '/' + _gib(r.get('memory_limit')):<19} "
+                f"{_pct(r.get('sm_use')) + '/' + _pct(r.get('share')):<15} {st}"
+            )
+    idle = [c for cid, c in sorted(containers.items()) if cid not in shown]
+    if idle:
+        lines.append("vGPU containers without GPU processes:")
+        for c in idle:
+            pod = f"{c.get('namespace') or '-'}/{c.get('pod') or '-'}"
+            extra = " region-corrupt" if c.get("region_error") else ""
+            lines.append(f"  {pod:<32.32} {c.get('container') or '-':<14.14} {c['container_id'][:12]}{extra}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(a.config or config_path_from_env(), {"common.state_dir": a.state_dir})
+    except ConfigError as e:
+        print(f"vgpuctl: {e}", file=sys.stderr)
+        return 2
+    path = cfg.paths.status_path
+    try:
+        with open(path, encoding="utf-8") as f:
+            status = json.load(f)
+    except FileNotFoundError:
+        print(f"vgpuctl: no monitor status at {path} (is vgpu-monitor running?)", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"vgpuctl: cannot read {path}: {e}", file=sys.stderr)
+        return 1
+    if a.json:
+        json.dump(status, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(status))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vgpuctl", description="inspect vGPU containers on this node")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.parse_args(argv)
+    sub = p.add_subparsers(dest="cmd")
+    s = sub.add_parser("status", help="GPUs, vGPU containers, memory and SM use vs limits, suspensions")
+    s.add_argument("--config", default=None, help="node config (default $VGPU_CONFIG, else /etc/vgpu/config.toml)")
+    s.add_argument("--state-dir", default=None, help="overrides common.state_dir")
+    s.add_argument("--json", action="store_true", help="print the monitor's raw status")
+    a = p.parse_args(argv)
+    if a.cmd == "status":
+        return cmd_status(a)
     p.print_usage(sys.stderr)
     return 2
 

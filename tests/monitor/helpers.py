@@ -102,3 +102,47 @@ def make_container(
     )
     schemas.write_atomic(str(d / "metadata.json"), schemas.encode(meta))
     return d
+
+
+class ScriptedSource:
+    """A stand-in for NvmlSource with a crude plant: each listed process that is not
+    stopped (state T) gets an equal slice of its GPU; memory is whatever the test sets.
+    `down` makes a GPU fail like a lost device."""
+
+    def __init__(self, gpus: dict[str, dict[int, int]], total: int = 16 << 30) -> None:
+        self.gpus = gpus  # uuid -> {pid: used bytes}
+        self.total = total
+        self.down: set[str] = set()
+        self.errors = 0
+        self.calls = 0
+
+    def observe(self) -> list:
+        from monitor.observe import GpuObs, UtilSample
+
+        self.calls += 1
+        ts = int(time.monotonic() * 1e6)
+        out = []
+        for i, (uuid, pids) in enumerate(sorted(self.gpus.items())):
+            if uuid in self.down:
+                self.errors += 1
+                out.append(GpuObs(index=i, uuid=uuid, up=False, error="GPU is lost"))
+                continue
+            live = {p: b for p, b in pids.items() if state(p) not in ("-", "Z", "X")}
+            running = [p for p in live if state(p) != "T"]
+            share = 100 // max(1, len(running))
+            out.append(
+                GpuObs(
+                    index=i,
+                    uuid=uuid,
+                    name="Scripted GPU",
+                    memory_total=self.total,
+                    memory_used=sum(live.values()),
+                    util=100 if running else 0,
+                    procs=dict(live),
+                    samples=[UtilSample(pid=p, ts=ts, sm=share) for p in running],
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        pass

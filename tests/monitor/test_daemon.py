@@ -1,0 +1,143 @@
+"""The monitor loop with a scripted NVML stand-in: real processes, real signals, a real
+guardian, metrics over HTTP, the status file and vgpuctl, cleanup, GPU loss."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from monitor.daemon import Monitor
+from monitor.metrics import serve
+from tests.monitor.helpers import Procs, ScriptedSource, make_container, state, wait_for
+from vgpu import ctl
+from vgpu.config import MonitorConfig
+from vgpu.paths import Paths
+
+pytestmark = pytest.mark.timeout(90)
+U0 = "GPU-00000000-0000-0000-0000-00000000000a"
+GIB = 1 << 30
+
+
+class Running:
+    def __init__(self, mon: Monitor, port: int) -> None:
+        self.mon = mon
+        self.port = port
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+
+@pytest.fixture
+def run_monitor(tmp_path: Path, procs: Procs) -> Iterator:
+    started: list[tuple[Monitor, threading.Thread]] = []
+
+    def start(source: ScriptedSource, **cfg) -> Running:
+        mon = Monitor(MonitorConfig(**cfg), Paths(str(tmp_path / "state")), source=source)
+        mon.start()
+        assert mon.suspender.guardian is not None
+        procs.adopt(mon.suspender.guardian.pid)
+        port = serve(mon, "127.0.0.1", 0)
+        mon.metrics_port = port
+        t = threading.Thread(target=mon.run, daemon=True)
+        t.start()
+        started.append((mon, t))
+        return Running(mon, port)
+
+    try:
+        yield start
+    finally:
+        for mon, t in started:
+            mon.stopping.set()
+            t.join(10)
+            mon.close()
+
+
+def _metric(text: str, name: str, **labels: str) -> float | None:
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_strict_shares_metrics_status_and_vgpuctl(tmp_path: Path, procs: Procs, run_monitor, capsys) -> None:
+    a = procs.spawn(["sleep", "120"])
+    b = procs.spawn(["sleep", "120"])
+    st = tmp_path / "state"
+    make_container(st, "ctr-a", a.pid, [(U0, 4 * GIB, 25)], pod="train-a", namespace="team1")
+    make_container(st, "ctr-b", b.pid, [(U0, 8 * GIB, 75)], pod="train-b", namespace="team2")
+    src = ScriptedSource({U0: {a.pid: 1 * GIB, b.pid: 2 * GIB}})
+    r = run_monitor(src, policy="strict", metrics_port=0)
+    # a (share 25) must be suspended part of the time
+    assert wait_for(lambda: state(a.pid) == "T", 10)
+    time.sleep(4)
+    text = r.scrape()
+    lab = {"container_id": "ctr-a", "pod": "train-a", "namespace": "team1", "container": "main", "gpu": "0"}
+    assert _metric(text, "vgpu_container_memory_used_bytes", **lab) == 1 * GIB
+    assert _metric(text, "vgpu_container_memory_limit_bytes", **lab) == 4 * GIB
+    assert _metric(text, "vgpu_container_sm_share_percent", **lab) == 25
+    use_a = _metric(text, "vgpu_container_sm_use_percent", **lab)
+    assert use_a is not None and 10 <= use_a <= 45, use_a
+    assert _metric(text, "vgpu_gpu_memory_total_bytes", gpu="0", uuid=U0) == 16 * GIB
+    assert (_metric(text, "vgpu_container_suspensions_total", container_id="ctr-a") or 0) >= 2
+    assert (_metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-a") or 0) > 0.2
+    sus_a = _metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-a") or 0
+    sus_b = _metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-b") or 0
+    assert sus_b < sus_a
+    assert _metric(text, "vgpu_monitor_guardian_armed") == 1
+    assert (_metric(text, "vgpu_monitor_loop_duration_seconds_count") or 0) > 5
+    # status file and vgpuctl
+    status = json.loads(Path(r.mon.paths.status_path).read_text())
+    assert status["running"] and status["gpus"][0]["uuid"] == U0
+    assert ctl.main(["status", "--state-dir", str(st)]) == 0
+    out = capsys.readouterr().out
+    assert "team1/train-a" in out and "team2/train-b" in out and "1.0/4.0" in out
+
+
+def test_gpu_loss_resumes_its_containers(tmp_path: Path, procs: Procs, run_monitor) -> None:
+    a = procs.spawn(["sleep", "120"])
+    b = procs.spawn(["sleep", "120"])
+    st = tmp_path / "state"
+    make_container(st, "ctr-a", a.pid, [(U0, 4 * GIB, 10)])
+    make_container(st, "ctr-b", b.pid, [(U0, 4 * GIB, 90)])
+    src = ScriptedSource({U0: {a.pid: GIB, b.pid: GIB}})
+    r = run_monitor(src, policy="strict", metrics_port=0)
+    assert wait_for(lambda: state(a.pid) == "T", 10)
+    src.down.add(U0)
+    # never stopped again while the GPU is down
+    time.sleep(0.3)
+    assert wait_for(lambda: state(a.pid) == "S", 2)
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        assert state(a.pid) != "T"
+        time.sleep(0.01)
+    assert _metric(r.scrape(), "vgpu_gpu_up", uuid=U0) == 0
+    src.down.clear()
+    assert wait_for(lambda: state(a.pid) == "T", 10)
+
+
+def test_cleanup_of_gone_containers(tmp_path: Path, procs: Procs, run_monitor) -> None:
+    live = procs.spawn(["sleep", "120"])
+    dead = procs.spawn(["sleep", "120"])
+    st = tmp_path / "state"
+    make_container(st, "live", live.pid, [(U0, GIB, 50)])
+    make_container(st, "dead", dead.pid, [(U0, GIB, 50)])
+    half = st / "containers" / "half-made"
+    half.mkdir()
+    run_monitor(ScriptedSource({U0: {}}), gc_grace_s=1.0, metrics_port=0)
+    time.sleep(0.5)
+    assert (st / "containers" / "dead").exists()
+    dead.kill()
+    dead.wait()
+    assert wait_for(lambda: not (st / "containers" / "dead").exists(), 10)
+    assert wait_for(lambda: not half.exists(), 10)
+    time.sleep(1.5)
+    assert (st / "containers" / "live" / "metadata.json").exists()
