@@ -112,6 +112,8 @@ def ensure_dir(rootfd: int, path: str, mode: int = 0o755) -> int:
         return open_in_root(rootfd, path, os.O_PATH | os.O_DIRECTORY)
     except FileNotFoundError:
         pass
+    except OSError as e:  # ENOTDIR, ELOOP (loops, magic links), EXDEV...
+        raise HostileRootfs(f"/{path.strip('/')} is not a directory ({os.strerror(e.errno or 0)})") from None
     comps = _components(path)
     if not comps or comps[-1] == "..":
         raise HostileRootfs(f"cannot create /{path.lstrip('/')}")

@@ -170,3 +170,17 @@ def snapshot(paths: list[Path]) -> dict[str, tuple[int, int, int]]:
                     continue
                 out[p] = (st.st_mode, st.st_size, st.st_mtime_ns)
     return out
+
+
+def runc_detach(runc_root: Path, bundle: Path, cid: str) -> subprocess.CompletedProcess[str]:
+    """`runc run --detach` with the container's stdio on /dev/null (a pipe would be held open by it)."""
+    errf = bundle / "runc-stderr"
+    with open(errf, "w") as err:
+        p = subprocess.run(
+            ["runc", "--root", str(runc_root), "run", "--detach", "--bundle", str(bundle), cid],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            timeout=60,
+        )
+    return subprocess.CompletedProcess(p.args, p.returncode, "", errf.read_text())
