@@ -272,6 +272,7 @@ class FakeKubelet:
         self.registrations: list[Registration] = []
         self.rejected: list[tuple[dp.RegisterRequest, str]] = []
         self.pod_resources_calls = 0
+        self.socket_created_at = 0.0
         self._with_pod_resources = pod_resources
         self._endpoints: dict[str, PluginEndpoint] = {}
         self._assign = _Assign()
@@ -289,6 +290,7 @@ class FakeKubelet:
         dp_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
             raise OSError(f"cannot bind {self.socket_path}")
+        self.socket_created_at = time.monotonic()  # the file exists from here on
         server.start()
         self._server = server
         if self._with_pod_resources and self._pr_server is None:
@@ -337,7 +339,7 @@ class FakeKubelet:
             pass
 
     def restart(self) -> float:
-        """Simulate a kubelet restart; returns time.monotonic() once kubelet.sock is back.
+        """Simulate a kubelet restart; returns the time.monotonic() at which kubelet.sock was created.
 
         Exactly kubelet's sequence: the old process's connections go away, the
         new one runs MkdirAll + CleanupPluginDirectory (every non-directory
@@ -346,7 +348,7 @@ class FakeKubelet:
         """
         self._stop_registration()
         self.start()
-        return time.monotonic()
+        return self.socket_created_at
 
     def __enter__(self) -> FakeKubelet:
         return self.start()
