@@ -7,9 +7,10 @@ typical gap (the median over recent samples of the GPU): a pid that
 reappears after an idle spell is not credited for the idle time.
 
 The window is anchored in NVML's own time base (the newest timestamp it
-returned), advanced by the wall time elapsed since that sample arrived, so
-nothing depends on NVML's clock base and samples still age out while the GPU
-is idle and NVML returns nothing new.
+returned), so it always spans whole sample periods and nothing depends on
+NVML's clock base; when no new sample arrives for longer than a period and a
+half (the GPU went idle, NVML answers NOT_FOUND) it advances with wall time,
+so old use ages out.
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ class UtilWindow:
                 self.newest_at = now
 
     def end(self, now: float) -> int:
-        return self.newest + int(max(0.0, now - self.newest_at) * 1e6)
+        """The window's end in NVML time: the newest sample, so the window always holds whole
+        sample periods; it moves on with wall time only once the next sample is overdue
+        (nothing new: the GPU went idle), so stale use ages out."""
+        overdue = (now - self.newest_at) * 1e6 - 1.5 * self.typical_gap()
+        return self.newest + int(max(0.0, overdue))
 
     def use(self, pid: int, now: float) -> float:
         """Percent of the GPU used by `pid` over the window ending now."""
