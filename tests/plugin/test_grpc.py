@@ -229,3 +229,12 @@ def test_crashed_server_and_lost_socket_are_restarted(
     kubelet.wait_registration(count=3, timeout=20)
     assert kubelet.admit("default", "x", "c", 1).envs[TOKEN_ENV]
     assert p.daemon.restarts == 2
+
+
+def test_plugin_started_before_kubelet(tmp_path: Path, inproc) -> None:
+    inproc()
+    time.sleep(0.5)  # serving, but no kubelet.sock yet
+    with FakeKubelet(tmp_path / "kubelet") as k:
+        reg = k.wait_registration(timeout=20)
+        assert reg.resource_name == "nvidia.com/gpu"
+        assert len(k.wait_endpoint().devices()) == 4
