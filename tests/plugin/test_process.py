@@ -1,0 +1,137 @@
+"""The real vgpu-device-plugin as a subprocess over the simulated NVML (tests/fakegpu),
+talking to the kubelet stand-in over real unix sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.plugin.conftest import ROOT, PluginProcess
+from tests.support.kubelet import FakeKubelet
+from vgpu.schemas import TOKEN_ENV, read_record
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+def nvml_inventory(env: dict[str, str]) -> list[dict]:
+    """The inventory as vgpu.nvml sees it under the simulated driver (own process)."""
+    code = (
+        "import json, dataclasses; from vgpu import nvml; nvml.init(attempts=1); "
+        "print(json.dumps([dataclasses.asdict(g) for g in nvml.inventory()]))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def node(fakegpu, tmp_path: Path) -> dict[str, str]:
+    """fakegpu env plus a sysfs root of our own giving each GPU a NUMA node."""
+    env = dict(fakegpu.env)
+    sysfs = tmp_path / "sys"
+    for i, g in enumerate(nvml_inventory(env)):
+        bus = g["pci_bus_id"].lower()[4:]  # 00000000:10:00.0 -> 0000:10:00.0
+        d = sysfs / "bus" / "pci" / "devices" / bus
+        d.mkdir(parents=True)
+        (d / "numa_node").write_text(f"{i % 2}\n")
+    env["VGPU_SYSFS_ROOT"] = str(sysfs)
+    return env
+
+
+@pytest.fixture
+def plugin(node: dict[str, str], kubelet: FakeKubelet, tmp_path: Path) -> Iterator[Callable[..., PluginProcess]]:
+    procs: list[PluginProcess] = []
+
+    def start(*args: str) -> PluginProcess:
+        base = [
+            "--config", str(tmp_path / "none.toml"),
+            "--state-dir", str(tmp_path / "state"),
+            "--kubelet-dir", str(kubelet.root),
+            "--log-level", "info",
+        ]  # fmt: skip
+        p = PluginProcess([*base, *args], node, tmp_path / f"plugin{len(procs)}.log").start()
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.proc is not None and p.proc.poll() is None:
+            p.stop(signal.SIGKILL)
+
+
+def test_inventory_ids_and_numa(plugin, kubelet: FakeKubelet, fakegpu, node: dict[str, str]) -> None:
+    plugin("--device-split-count", "3")
+    reg = kubelet.wait_registration(timeout=60)
+    assert (reg.version, reg.endpoint, reg.resource_name) == ("v1beta1", "vgpu.sock", "nvidia.com/gpu")
+    devs = kubelet.wait_endpoint(timeout=60).devices()
+    inv = nvml_inventory(node)
+    assert [g["uuid"] for g in inv] == list(fakegpu.uuids)
+    assert sorted(devs) == sorted(f"{g['uuid']}::{i}" for g in inv for i in range(3))
+    for i, g in enumerate(inv):
+        assert all(devs[f"{g['uuid']}::{k}"].numa == (i % 2,) for k in range(3))
+
+
+def test_xid_marks_unhealthy_then_recovers(plugin, kubelet: FakeKubelet, fakegpu) -> None:
+    plugin("--device-split-count", "2", "--health-recovery-s", "2")
+    ep = kubelet.wait_endpoint(timeout=60)
+    u0, u1 = fakegpu.uuids[:2]
+    time.sleep(0.5)  # the event thread registers after start-up; only later events are delivered
+    fakegpu.inject_xid(0, 13)  # application error: ignored
+    fakegpu.inject_xid(1, 79)  # GPU fell off the bus
+    devs = ep.wait_devices(lambda d: not d[f"{u1}::0"].healthy, timeout=30)
+    assert not devs[f"{u1}::1"].healthy
+    assert devs[f"{u0}::0"].healthy and devs[f"{u0}::1"].healthy, "XID 13 must be ignored"
+    with pytest.raises(Exception, match="unhealthy"):
+        ep.allocate([f"{u1}::0"])
+    ep.wait_devices(lambda d: all(x.healthy for x in d.values()), timeout=30)
+
+
+def test_lost_gpu_is_unhealthy(plugin, kubelet: FakeKubelet, fakegpu) -> None:
+    plugin("--device-split-count", "2", "--health-recovery-s", "1")
+    ep = kubelet.wait_endpoint(timeout=60)
+    u1 = fakegpu.uuids[1]
+    fakegpu.set_lost(1)
+    ep.wait_devices(lambda d: not d[f"{u1}::0"].healthy, timeout=30)
+    time.sleep(2.5)  # longer than the recovery period: still lost, still unhealthy
+    assert not ep.devices()[f"{u1}::1"].healthy
+
+
+def test_signals_restart_and_stop(plugin, kubelet: FakeKubelet, tmp_path: Path) -> None:
+    p = plugin()
+    kubelet.wait_endpoint(timeout=60)
+    a = kubelet.admit("default", "pod", "c", 1)
+    record = tmp_path / "state" / "allocations" / f"{a.envs[TOKEN_ENV]}.json"
+    before = record.read_bytes()
+    p.send(signal.SIGHUP)
+    kubelet.wait_registration(count=2, timeout=30)
+    kubelet.wait_endpoint(timeout=30)
+    assert p.proc is not None and p.proc.poll() is None
+    assert p.stop(signal.SIGTERM) == 0
+    sock = Path(kubelet.device_plugins_dir) / "vgpu.sock"
+    assert not sock.exists(), "socket removed on SIGTERM"
+    # a new plugin process: the record is still there, untouched
+    plugin()
+    kubelet.wait_registration(count=3, timeout=60)
+    kubelet.wait_endpoint(timeout=30)
+    assert record.read_bytes() == before
+    assert read_record(str(record)).gpus[0].vgpu_ids == list(a.device_ids)
+
+
+def test_kubelet_restarts(plugin, kubelet: FakeKubelet) -> None:
+    plugin()
+    kubelet.wait_endpoint(timeout=60)
+    for i in range(10):
+        kubelet.restart()
+        kubelet.wait_registration(count=i + 2, timeout=30)
+        assert len(kubelet.wait_endpoint(timeout=30).devices()) == 4
+    assert kubelet.admit("default", "p", "c", 2).envs["NVIDIA_VISIBLE_DEVICES"].count("GPU-") == 2
