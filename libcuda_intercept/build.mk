@@ -1,2 +1,37 @@
-# libcuda_intercept: build/libvgpu.so and its test programs.
-# Filled in by the intercept work.
+# libcuda_intercept: build/libvgpu.so, its ASan+UBSan twin, and the C test programs.
+VGPU_SRCS := $(wildcard libcuda_intercept/src/*.c)
+VGPU_HDRS := $(wildcard libcuda_intercept/src/*.h) libcuda_intercept/include/vgpu_region.h
+VGPU_LDFLAGS := -shared -Wl,-Bsymbolic -Wl,--no-undefined -Wl,-z,now -ldl -lpthread
+VGPU_ASAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+# weak references alone would let the linker drop DT_NEEDED libcuda.so.1
+INTERCEPT_LINK_CUDA := -L$(BUILD)/intercept/stub -Wl,--no-as-needed -lcuda
+INTERCEPT_TESTS_SRC := $(wildcard tests/intercept/c/*.c)
+INTERCEPT_TEST_BINS := $(patsubst tests/intercept/c/%.c,$(BUILD)/intercept/%,$(filter-out tests/intercept/c/common.c tests/intercept/c/stubcuda.c,$(INTERCEPT_TESTS_SRC)))
+
+ALL_TARGETS += $(BUILD)/libvgpu.so $(BUILD)/intercept/libvgpu-asan.so $(BUILD)/intercept/stub/libcuda.so.1 \
+               $(INTERCEPT_TEST_BINS)
+
+$(BUILD)/libvgpu.so: $(VGPU_SRCS) $(VGPU_HDRS) | $(BUILD)
+	$(CC) $(CFLAGS_LIB) -o $@ $(VGPU_SRCS) $(VGPU_LDFLAGS)
+
+$(BUILD)/intercept/libvgpu-asan.so: $(VGPU_SRCS) $(VGPU_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CSTD) $(CWARN) -O1 -g -fPIC -fvisibility=hidden $(VGPU_ASAN) -o $@ $(VGPU_SRCS) $(VGPU_LDFLAGS)
+
+# A link-time stand-in for libcuda.so.1 (soname libcuda.so.1), so the "linked
+# -lcuda" test programs build without the simulator or a driver; at run time
+# the real driver or build/fakegpu/libcuda.so.1 is found via LD_LIBRARY_PATH.
+$(BUILD)/intercept/stub/libcuda.so.1: tests/intercept/c/stubcuda.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_LIB) -shared -Wl,-soname,libcuda.so.1 -o $@ $<
+	ln -sf libcuda.so.1 $(@D)/libcuda.so
+
+$(BUILD)/intercept/%: tests/intercept/c/%.c tests/intercept/c/common.c tests/intercept/c/common.h \
+                      $(BUILD)/intercept/stub/libcuda.so.1 libcuda_intercept/src/cuda_abi.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_PROG) -Ilibcuda_intercept/src -Ilibcuda_intercept/include -o $@ $< tests/intercept/c/common.c \
+	    $(if $(filter link_%,$*),$(INTERCEPT_LINK_CUDA),) -ldl -lpthread
+
+.PHONY: test-asan
+test-asan: venv build-all
+	VGPU_TEST_ASAN=1 $(PY) -m pytest -q tests/intercept -k 'not bench'

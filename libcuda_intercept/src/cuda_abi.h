@@ -1,0 +1,114 @@
+/*
+ * cuda_abi.h — the few CUDA driver / NVML ABI definitions libvgpu.so needs.
+ *
+ * Written from the public cuda.h / nvml.h contracts (types, enum values and
+ * struct layouts are part of NVIDIA's stable ABI), so the library builds on a
+ * machine without the CUDA toolkit.  Only what the hooks read is declared.
+ */
+#ifndef VGPU_CUDA_ABI_H
+#define VGPU_CUDA_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef uint64_t cuuint64_t;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUlaunchConfig_st CUlaunchConfig;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+/* cuGetProcAddress flags and query results */
+#define CU_GET_PROC_ADDRESS_DEFAULT 0
+#define CU_GET_PROC_ADDRESS_LEGACY_STREAM 1
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+typedef enum {
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2,
+} CUdriverProcAddressQueryResult;
+
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+
+typedef struct {
+    char bytes[16];
+} CUuuid;
+
+typedef struct {
+    int type; /* CUmemLocationType */
+    int id;
+} CUmemLocation;
+
+typedef struct {
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    /* allocFlags follow; not read */
+} CUmemAllocationProp;
+
+typedef struct {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    /* win32SecurityAttributes, maxSize, usage, reserved follow; not read */
+} CUmemPoolProps;
+
+typedef struct {
+    size_t Width;
+    size_t Height;
+    int Format; /* CUarray_format */
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+/* NVML */
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NO_PERMISSION = 4,
+};
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+#endif

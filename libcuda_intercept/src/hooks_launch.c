@@ -1,0 +1,39 @@
+/*
+ * hooks_launch.c — the kernel-launch path: forwarded with no lock, no
+ * syscall, no allocation, no TLS and no atomic read-modify-write: one load of
+ * the real pointer and a tail call.  Compute shares are the monitor's job.
+ * The wrappers exist so that every acquisition path provably reaches the
+ * library (and as the hook point should one ever be needed).
+ */
+#include "vgpu.h"
+
+#define FWD(name, params, args)                            \
+    VGPU_EXPORT CUresult name params                       \
+    {                                                      \
+        CUresult(*f) params = REAL(name);                  \
+        if (UNLIKELY(!f)) {                                \
+            vgpu_resolve_cuda();                           \
+            f = REAL(name);                                \
+            if (!f)                                        \
+                return CUDA_ERROR_NOT_FOUND;               \
+        }                                                  \
+        return f args;                                     \
+    }
+
+#define LK_PARAMS                                                                                            \
+    (CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, \
+     CUstream s, void **kp, void **ex)
+#define LK_ARGS (fn, gx, gy, gz, bx, by, bz, sh, s, kp, ex)
+#define CK_PARAMS                                                                                            \
+    (CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, \
+     CUstream s, void **kp)
+#define CK_ARGS (fn, gx, gy, gz, bx, by, bz, sh, s, kp)
+
+FWD(cuLaunchKernel, LK_PARAMS, LK_ARGS)
+FWD(cuLaunchKernel_ptsz, LK_PARAMS, LK_ARGS)
+FWD(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction fn, void **kp, void **ex), (c, fn, kp, ex))
+FWD(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *c, CUfunction fn, void **kp, void **ex), (c, fn, kp, ex))
+FWD(cuLaunchCooperativeKernel, CK_PARAMS, CK_ARGS)
+FWD(cuLaunchCooperativeKernel_ptsz, CK_PARAMS, CK_ARGS)
+FWD(cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s))
+FWD(cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s))

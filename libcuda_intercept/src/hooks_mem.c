@@ -1,0 +1,554 @@
+/*
+ * hooks_mem.c — every device-memory allocation and free path.
+ *
+ * Pattern: decide whether to account (active process, listed device), check
+ * and charge the region *before* calling the driver (so racing processes can
+ * never overshoot together), call the driver outside any shared lock, undo
+ * the charge if the driver fails, and remember the object -> charge mapping
+ * so the matching free returns exactly what was charged.  Frees of objects we
+ * never charged are always forwarded (HAMi-core#93).
+ */
+#include <string.h>
+
+#include "log.h"
+#include "vgpu.h"
+
+#define KIND_RELEASED 0x100u /* t_vmm: handle released, waiting for its last unmap */
+
+/* 1: account on limits index *idx; 0: pass through untracked; -1: return *rc */
+static int begin(int dev, int *idx, CUresult *rc)
+{
+    if (vgpu_in_hook)
+        return 0;
+    int st = vgpu_status();
+    if (LIKELY(st == VGPU_ST_INACTIVE))
+        return 0;
+    if (st == VGPU_ST_FAILED || vgpu_ensure_joined() != 0) {
+        *rc = vgpu_fail_closed("allocation");
+        return -1;
+    }
+    if (dev < 0) {
+        CUdevice d;
+        CUresult r = REAL(cuCtxGetDevice) ? REAL(cuCtxGetDevice)(&d) : CUDA_ERROR_NOT_INITIALIZED;
+        if (r != CUDA_SUCCESS) {
+            *rc = r; /* no current context: the driver would fail this allocation too */
+            return -1;
+        }
+        dev = d;
+    }
+    int i = vgpu_dev_index(dev);
+    if (i == -2) {
+        *rc = CUDA_ERROR_INVALID_DEVICE;
+        return -1;
+    }
+    if (i < 0) {
+        *rc = CUDA_ERROR_OUT_OF_MEMORY; /* a device this container has no slice of */
+        return -1;
+    }
+    *idx = i;
+    return 1;
+}
+
+static int charge(int idx, uint64_t n, int kind)
+{
+    const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
+    int r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, vgpu_ctx_reserve(), kind);
+    if (r != 0)
+        VLOG(VGPU_LOG_INFO, "refusing %llu bytes on %s: over the container limit of %llu", (unsigned long long)n,
+             L->uuid, (unsigned long long)L->memory_limit);
+    return r;
+}
+
+static int oversubscribed(int idx) { return vgpu_limits()->dev[idx].oversubscribe; }
+
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static int remember(struct vgpu_track *t, uint64_t key, uint64_t size, int idx, unsigned kind, uint64_t aux)
+{
+    struct vgpu_rec r = {.key = key, .size = size, .aux = aux, .dev = (uint32_t)idx, .kind = kind};
+    return vgpu_track_put(t, &r);
+}
+
+#define NEED(fn)                            \
+    do {                                    \
+        vgpu_resolve_cuda();                \
+        if (UNLIKELY(!REAL(fn)))            \
+            return CUDA_ERROR_NOT_FOUND;    \
+    } while (0)
+
+/* ------------------------------------------------------------ cuMemAlloc */
+
+VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
+{
+    NEED(cuMemAlloc_v2);
+    CUresult rc = CUDA_SUCCESS;
+    int idx, b = begin(-1, &idx, &rc);
+    if (b <= 0)
+        return b < 0 ? rc : REAL(cuMemAlloc_v2)(dptr, n);
+    if (charge(idx, n, VGPU_KIND_DEVICE) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vgpu_in_hook++;
+    rc = REAL(cuMemAlloc_v2)(dptr, n);
+    int kind = VGPU_KIND_DEVICE;
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && oversubscribed(idx) && REAL(cuMemAllocManaged)) {
+        /* the GPU is full but the container is under its (scaled) slice:
+         * managed memory lets the excess live in host memory */
+        rc = REAL(cuMemAllocManaged)(dptr, n, CU_MEM_ATTACH_GLOBAL);
+        if (rc == CUDA_SUCCESS) {
+            vgpu_rgn_to_host((unsigned)idx, n);
+            kind = VGPU_KIND_HOST;
+            VLOG(VGPU_LOG_DEBUG, "device full: %zu bytes host-backed (managed)", n);
+        }
+    }
+    vgpu_in_hook--;
+    if (rc != CUDA_SUCCESS) {
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        return rc;
+    }
+    if (remember(&vgpu_t_ptr, *dptr, n, idx, (unsigned)kind, 0) != 0) {
+        REAL(cuMemFree_v2)(*dptr);
+        vgpu_rgn_uncharge((unsigned)idx, n, kind);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned elem)
+{
+    NEED(cuMemAllocPitch_v2);
+    CUresult rc = CUDA_SUCCESS;
+    int idx, b = begin(-1, &idx, &rc);
+    if (b <= 0)
+        return b < 0 ? rc : REAL(cuMemAllocPitch_v2)(dptr, pitch, w, h, elem);
+    /* pre-charge an estimate (rows padded to 512 bytes), settle on pitch*h */
+    uint64_t est = mul_sat(w > UINT64_MAX - 511 ? UINT64_MAX : (w + 511) & ~(uint64_t)511, h);
+    if (charge(idx, est, VGPU_KIND_DEVICE) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vgpu_in_hook++;
+    rc = REAL(cuMemAllocPitch_v2)(dptr, pitch, w, h, elem);
+    vgpu_in_hook--;
+    if (rc != CUDA_SUCCESS) {
+        vgpu_rgn_uncharge((unsigned)idx, est, VGPU_KIND_DEVICE);
+        return rc;
+    }
+    uint64_t actual = mul_sat(*pitch, h);
+    if (actual > est) {
+        if (charge(idx, actual - est, VGPU_KIND_DEVICE) != 0) {
+            REAL(cuMemFree_v2)(*dptr);
+            vgpu_rgn_uncharge((unsigned)idx, est, VGPU_KIND_DEVICE);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else if (actual < est) {
+        vgpu_rgn_uncharge((unsigned)idx, est - actual, VGPU_KIND_DEVICE);
+    }
+    if (remember(&vgpu_t_ptr, *dptr, actual, idx, VGPU_KIND_DEVICE, 0) != 0) {
+        REAL(cuMemFree_v2)(*dptr);
+        vgpu_rgn_uncharge((unsigned)idx, actual, VGPU_KIND_DEVICE);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Managed memory is charged in full to the current device (it may migrate
+ * there at any time). */
+VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned flags)
+{
+    NEED(cuMemAllocManaged);
+    CUresult rc = CUDA_SUCCESS;
+    int idx, b = begin(-1, &idx, &rc);
+    if (b <= 0)
+        return b < 0 ? rc : REAL(cuMemAllocManaged)(dptr, n, flags);
+    if (charge(idx, n, VGPU_KIND_DEVICE) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vgpu_in_hook++;
+    rc = REAL(cuMemAllocManaged)(dptr, n, flags);
+    vgpu_in_hook--;
+    if (rc != CUDA_SUCCESS) {
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        return rc;
+    }
+    if (remember(&vgpu_t_ptr, *dptr, n, idx, VGPU_KIND_DEVICE, 0) != 0) {
+        REAL(cuMemFree_v2)(*dptr);
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* shared by cuMemFree_v2 and cuMemFreeAsync(_ptsz): forget first (so a
+ * concurrent allocation that reuses the address cannot lose its record),
+ * free, then return the charge; put the record back if the driver refuses. */
+static CUresult free_tracked(CUdeviceptr p, CUresult (*fn)(CUdeviceptr, CUstream), CUstream s, int sync)
+{
+    struct vgpu_rec r;
+    int tracked = !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE && vgpu_track_take(&vgpu_t_ptr, p, &r);
+    CUresult rc = sync ? REAL(cuMemFree_v2)(p) : fn(p, s);
+    if (!tracked)
+        return rc;
+    if (rc == CUDA_SUCCESS)
+        vgpu_rgn_uncharge(r.dev, r.size, (int)r.kind);
+    else
+        vgpu_track_put(&vgpu_t_ptr, &r);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    NEED(cuMemFree_v2);
+    return free_tracked(p, NULL, NULL, 1);
+}
+
+/* ------------------------------------------------ stream-ordered / pools */
+
+static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUresult (*pfn)(CUdeviceptr *, size_t,
+                                                                                             CUmemoryPool, CUstream),
+                            CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
+{
+    int dev = -1;
+    struct vgpu_rec pr;
+    if (pfn && vgpu_track_get(&vgpu_t_pool, (uint64_t)(uintptr_t)pool, &pr))
+        dev = (int)pr.aux; /* the pool's own device, not the current context's */
+    CUresult rc = CUDA_SUCCESS;
+    int idx, b = begin(dev, &idx, &rc);
+    if (b <= 0)
+        return b < 0 ? rc : (pfn ? pfn(dptr, n, pool, s) : fn(dptr, n, s));
+    if (charge(idx, n, VGPU_KIND_DEVICE) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vgpu_in_hook++;
+    rc = pfn ? pfn(dptr, n, pool, s) : fn(dptr, n, s);
+    vgpu_in_hook--;
+    if (rc != CUDA_SUCCESS) {
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        return rc;
+    }
+    if (remember(&vgpu_t_ptr, *dptr, n, idx, VGPU_KIND_DEVICE, 0) != 0) {
+        REAL(cuMemFree_v2)(*dptr);
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
+{
+    NEED(cuMemAllocAsync);
+    return alloc_async(REAL(cuMemAllocAsync), NULL, dptr, n, NULL, s);
+}
+
+VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
+{
+    NEED(cuMemAllocAsync_ptsz);
+    return alloc_async(REAL(cuMemAllocAsync_ptsz), NULL, dptr, n, NULL, s);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
+{
+    NEED(cuMemAllocFromPoolAsync);
+    return alloc_async(NULL, REAL(cuMemAllocFromPoolAsync), dptr, n, pool, s);
+}
+
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
+{
+    NEED(cuMemAllocFromPoolAsync_ptsz);
+    return alloc_async(NULL, REAL(cuMemAllocFromPoolAsync_ptsz), dptr, n, pool, s);
+}
+
+VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    NEED(cuMemFreeAsync);
+    return free_tracked(p, REAL(cuMemFreeAsync), s, 0);
+}
+
+VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
+{
+    NEED(cuMemFreeAsync_ptsz);
+    return free_tracked(p, REAL(cuMemFreeAsync_ptsz), s, 0);
+}
+
+/* Pool allocations are charged per allocation (above) and returned by their
+ * free.  Memory a pool keeps cached after frees is physical usage the hooks
+ * cannot attribute; the monitor's extra_bytes (NVML-observed) counts it.
+ * Pools are tracked only to charge FromPool allocations to the pool's device. */
+VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    NEED(cuMemPoolCreate);
+    CUresult rc = REAL(cuMemPoolCreate)(pool, props);
+    if (rc == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        vgpu_status() != VGPU_ST_INACTIVE)
+        remember(&vgpu_t_pool, (uint64_t)(uintptr_t)*pool, 0, 0, 0, (uint64_t)(unsigned)props->location.id);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    NEED(cuMemPoolDestroy);
+    CUresult rc = REAL(cuMemPoolDestroy)(pool);
+    if (rc == CUDA_SUCCESS && vgpu_status() != VGPU_ST_INACTIVE)
+        vgpu_track_take(&vgpu_t_pool, (uint64_t)(uintptr_t)pool, NULL);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    NEED(cuMemPoolTrimTo);
+    return REAL(cuMemPoolTrimTo)(pool, keep);
+}
+
+/* -------------------------------------------------------------------- VMM */
+
+/* Physical memory from cuMemCreate is charged to prop->location.id (never
+ * the current context: HAMi-core#169/#187) and returned when the handle is
+ * released *and* its last mapping is gone, which is when the driver frees it. */
+VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
+                                 unsigned long long flags)
+{
+    NEED(cuMemCreate);
+    if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return REAL(cuMemCreate)(h, n, prop, flags); /* host memory is not charged */
+    CUresult rc = CUDA_SUCCESS;
+    int idx, b = begin(prop->location.id, &idx, &rc);
+    if (b <= 0)
+        return b < 0 ? rc : REAL(cuMemCreate)(h, n, prop, flags);
+    if (charge(idx, n, VGPU_KIND_DEVICE) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vgpu_in_hook++;
+    rc = REAL(cuMemCreate)(h, n, prop, flags);
+    vgpu_in_hook--;
+    if (rc != CUDA_SUCCESS) {
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        return rc;
+    }
+    if (remember(&vgpu_t_vmm, *h, n, idx, VGPU_KIND_DEVICE, 0) != 0) {
+        REAL(cuMemRelease)(*h);
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+struct vmm_op {
+    int delta_maps; /* +1 map, -1 unmap, 0 release */
+    uint64_t size;
+    uint32_t dev;
+    int uncharge;
+};
+
+static int vmm_apply(struct vgpu_rec *r, void *arg, int *remove)
+{
+    struct vmm_op *op = arg;
+    if (op->delta_maps > 0)
+        r->aux++;
+    else if (op->delta_maps < 0 && r->aux > 0)
+        r->aux--;
+    else if (op->delta_maps == 0)
+        r->kind |= KIND_RELEASED;
+    if ((r->kind & KIND_RELEASED) && r->aux == 0) {
+        *remove = 1;
+        op->uncharge = 1;
+        op->size = r->size;
+        op->dev = r->dev;
+    }
+    return 0;
+}
+
+static void vmm_change(uint64_t handle, int delta)
+{
+    struct vmm_op op = {.delta_maps = delta};
+    if (vgpu_track_update(&vgpu_t_vmm, handle, vmm_apply, &op) == 0 && op.uncharge)
+        vgpu_rgn_uncharge(op.dev, op.size, VGPU_KIND_DEVICE);
+}
+
+VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    NEED(cuMemRelease);
+    CUresult rc = REAL(cuMemRelease)(h);
+    if (rc == CUDA_SUCCESS && vgpu_status() != VGPU_ST_INACTIVE)
+        vmm_change(h, 0);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemMap(CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle h,
+                              unsigned long long flags)
+{
+    NEED(cuMemMap);
+    CUresult rc = REAL(cuMemMap)(p, n, off, h, flags);
+    if (rc == CUDA_SUCCESS && vgpu_status() != VGPU_ST_INACTIVE && vgpu_track_get(&vgpu_t_vmm, h, NULL)) {
+        remember(&vgpu_t_map, p, n, 0, 0, h);
+        vmm_change(h, +1);
+    }
+    return rc;
+}
+
+struct unmapped {
+    uint64_t handles[64];
+    int n, overflow;
+};
+
+static void collect_unmapped(const struct vgpu_rec *r, void *arg)
+{
+    struct unmapped *u = arg;
+    if (u->n < 64)
+        u->handles[u->n++] = r->aux;
+    else
+        u->overflow = 1;
+}
+
+VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t n)
+{
+    NEED(cuMemUnmap);
+    CUresult rc = REAL(cuMemUnmap)(p, n);
+    if (rc != CUDA_SUCCESS || vgpu_status() == VGPU_ST_INACTIVE || vgpu_track_count(&vgpu_t_map) == 0)
+        return rc;
+    uint64_t hi = p + n < p ? UINT64_MAX : p + n;
+    for (;;) {
+        struct unmapped u = {.n = 0};
+        vgpu_track_take_range(&vgpu_t_map, p, hi, collect_unmapped, &u);
+        for (int i = 0; i < u.n; i++)
+            vmm_change(u.handles[i], -1);
+        if (!u.overflow)
+            break;
+    }
+    return rc;
+}
+
+/* ----------------------------------------------------------------- arrays */
+
+/* The driver does not say how much an array takes before creating it; charge
+ * elements x channels x element size (unknown formats: 16 bytes/element,
+ * over- rather than under-counting). */
+static uint64_t elem_bytes(int fmt)
+{
+    switch (fmt) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 16;
+    }
+}
+
+static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, int fmt, unsigned ch)
+{
+    uint64_t n = mul_sat(w ? w : 1, h ? h : 1);
+    n = mul_sat(n, d ? d : 1);
+    n = mul_sat(n, ch ? ch : 1);
+    return mul_sat(n, elem_bytes(fmt));
+}
+
+static CUresult array_create(uint64_t bytes, CUresult (*mk)(void *, const void *, unsigned), void *out,
+                             const void *desc, unsigned levels, uint64_t (*key)(void *))
+{
+    CUresult rc = CUDA_SUCCESS;
+    int idx, b = begin(-1, &idx, &rc);
+    if (b <= 0)
+        return b < 0 ? rc : mk(out, desc, levels);
+    if (charge(idx, bytes, VGPU_KIND_DEVICE) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vgpu_in_hook++;
+    rc = mk(out, desc, levels);
+    vgpu_in_hook--;
+    if (rc != CUDA_SUCCESS) {
+        vgpu_rgn_uncharge((unsigned)idx, bytes, VGPU_KIND_DEVICE);
+        return rc;
+    }
+    if (remember(&vgpu_t_arr, key(out), bytes, idx, VGPU_KIND_DEVICE, 0) != 0) {
+        /* cannot remember it: keep the charge (conservative) rather than destroy */
+        VLOG(VGPU_LOG_WARN, "array tracking failed; its charge stays until exit");
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult mk_array(void *out, const void *desc, unsigned l)
+{
+    (void)l;
+    return REAL(cuArrayCreate_v2)(out, desc);
+}
+static CUresult mk_array3d(void *out, const void *desc, unsigned l)
+{
+    (void)l;
+    return REAL(cuArray3DCreate_v2)(out, desc);
+}
+static CUresult mk_mipmap(void *out, const void *desc, unsigned l) { return REAL(cuMipmappedArrayCreate)(out, desc, l); }
+static uint64_t key_array(void *out) { return (uint64_t)(uintptr_t)*(CUarray *)out; }
+static uint64_t key_mipmap(void *out) { return (uint64_t)(uintptr_t)*(CUmipmappedArray *)out; }
+
+VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    NEED(cuArrayCreate_v2);
+    if (!a || !d)
+        return REAL(cuArrayCreate_v2)(a, d);
+    return array_create(array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), mk_array, a, d, 0, key_array);
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    NEED(cuArray3DCreate_v2);
+    if (!a || !d)
+        return REAL(cuArray3DCreate_v2)(a, d);
+    return array_create(array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), mk_array3d, a, d, 0,
+                        key_array);
+}
+
+VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
+{
+    NEED(cuMipmappedArrayCreate);
+    if (!a || !d)
+        return REAL(cuMipmappedArrayCreate)(a, d, levels);
+    uint64_t total = 0, w = d->Width, h = d->Height, z = d->Depth;
+    for (unsigned l = 0; l < (levels ? levels : 1) && l < 64; l++) {
+        total = vgpu_sat_add(total, array_bytes(w, h, z, d->Format, d->NumChannels));
+        w = w > 1 ? w / 2 : w;
+        h = h > 1 ? h / 2 : h;
+        z = z > 1 ? z / 2 : z;
+    }
+    return array_create(total, mk_mipmap, a, d, levels, key_mipmap);
+}
+
+static CUresult destroy_tracked(uint64_t key, CUresult (*fn)(void *), void *obj)
+{
+    struct vgpu_rec r;
+    int tracked = vgpu_status() != VGPU_ST_INACTIVE && vgpu_track_take(&vgpu_t_arr, key, &r);
+    CUresult rc = fn(obj);
+    if (!tracked)
+        return rc;
+    if (rc == CUDA_SUCCESS)
+        vgpu_rgn_uncharge(r.dev, r.size, VGPU_KIND_DEVICE);
+    else
+        vgpu_track_put(&vgpu_t_arr, &r);
+    return rc;
+}
+
+static CUresult rm_array(void *a) { return REAL(cuArrayDestroy)((CUarray)a); }
+static CUresult rm_mipmap(void *a) { return REAL(cuMipmappedArrayDestroy)((CUmipmappedArray)a); }
+
+VGPU_EXPORT CUresult cuArrayDestroy(CUarray a)
+{
+    NEED(cuArrayDestroy);
+    return destroy_tracked((uint64_t)(uintptr_t)a, rm_array, a);
+}
+
+VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
+{
+    NEED(cuMipmappedArrayDestroy);
+    return destroy_tracked((uint64_t)(uintptr_t)a, rm_mipmap, a);
+}
+
+/* ------------------------------------------- legacy 32-bit entry points */
+
+/* The pre-3.2 allocation entry points (32-bit device pointers) would bypass
+ * accounting; inside a vGPU container they are refused. */
+#define LEGACY(name, params, args)                                  \
+    VGPU_EXPORT CUresult name params                                \
+    {                                                               \
+        vgpu_resolve_cuda();                                        \
+        if (vgpu_status() != VGPU_ST_INACTIVE)                      \
+            return CUDA_ERROR_NOT_SUPPORTED;                        \
+        return REAL(name) ? REAL(name) args : CUDA_ERROR_NOT_FOUND; \
+    }
+LEGACY(cuMemAlloc, (unsigned *p, unsigned n), (p, n))
+LEGACY(cuMemAllocPitch, (unsigned *p, unsigned *pitch, unsigned w, unsigned h, unsigned e), (p, pitch, w, h, e))
+LEGACY(cuArrayCreate, (CUarray * a, const void *d), (a, d))
+LEGACY(cuArray3DCreate, (CUarray * a, const void *d), (a, d))

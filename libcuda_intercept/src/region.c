@@ -1,0 +1,455 @@
+/*
+ * region.c — the per-container accounting region (vgpu_region.h).
+ *
+ * Concurrency model
+ *  - Cross-process: an OFD write lock on VGPU_REGION_LOCK_BYTE serialises every
+ *    check-and-charge, slot take-over and reclaim.  OFD locks belong to the
+ *    open file description, so the kernel drops them when the holder dies:
+ *    no owner-pid guessing (HAMi-core#86, PR#248, PR#260).
+ *  - Threads of one process share the description, and OFD locks never
+ *    conflict with themselves, so a process-local mutex is taken first.
+ *  - Liveness: a slot is owned while its process holds an OFD read lock on
+ *    VGPU_REGION_SLOT_LOCK_BASE + index.  F_OFD_GETLK tells whether anyone
+ *    still does; if not, the slot is dead and its usage is returned.
+ *  - A process lowers only its own slot's counters, lock-free with atomics,
+ *    after the driver has freed the memory: a concurrent checker sees at
+ *    worst the old (higher) value, which is conservative.
+ *  - Slots never move (HAMi-core PR#242).
+ *
+ * The region is writable by everything in the container, so every value read
+ * from it is bounds-checked and every sum saturates; the limits come from the
+ * limits file, never from the region.
+ */
+#include "region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_fd = -1;
+static struct vgpu_region *g_r;
+static int g_slot = -1;
+static unsigned g_ndev;
+
+#define LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+
+static int ofd_lock(int fd, short type, uint64_t byte, int wait)
+{
+    struct flock l;
+    memset(&l, 0, sizeof l);
+    l.l_type = type;
+    l.l_whence = SEEK_SET;
+    l.l_start = (off_t)byte;
+    l.l_len = 1;
+    while (fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &l) != 0) {
+        if (errno != EINTR)
+            return -1;
+    }
+    return 0;
+}
+
+/* 1 if some process holds a lock on the slot byte, 0 if none, -1 error */
+static int slot_alive(int fd, unsigned i)
+{
+    struct flock l;
+    memset(&l, 0, sizeof l);
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;
+    l.l_start = (off_t)(VGPU_REGION_SLOT_LOCK_BASE + i);
+    l.l_len = 1;
+    if (fcntl(fd, F_OFD_GETLK, &l) != 0)
+        return -1;
+    return l.l_type != F_UNLCK;
+}
+
+static void lock_region(void)
+{
+    pthread_mutex_lock(&g_mu);
+    if (ofd_lock(g_fd, F_WRLCK, VGPU_REGION_LOCK_BYTE, 1) != 0)
+        VLOG(VGPU_LOG_WARN, "region lock failed: %s", strerror(errno));
+}
+
+static void unlock_region(void)
+{
+    ofd_lock(g_fd, F_UNLCK, VGPU_REGION_LOCK_BYTE, 0);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static unsigned hwm(void)
+{
+    uint32_t h = LD(&g_r->slot_hwm);
+    return h > VGPU_MAX_SLOTS ? VGPU_MAX_SLOTS : h;
+}
+
+static uint64_t slot_dev_total(const struct vgpu_slot *s, unsigned d)
+{
+    const struct vgpu_slot_device *sd = &s->dev[d];
+    uint64_t e = LD(&sd->extra_bytes), c = LD(&sd->ctx_reserve);
+    uint64_t t = vgpu_sat_add(LD(&sd->device_bytes), LD(&sd->host_bytes));
+    return vgpu_sat_add(t, e > c ? e : c);
+}
+
+static void header_init(struct vgpu_region *r)
+{
+    memset(r, 0, sizeof *r);
+    r->magic = VGPU_REGION_MAGIC;
+    r->version = VGPU_REGION_VERSION;
+    r->size = (uint32_t)sizeof *r;
+    r->num_slots = VGPU_MAX_SLOTS;
+    r->created = (uint64_t)time(NULL);
+}
+
+static int header_zero(const struct vgpu_region *r)
+{
+    const unsigned char *p = (const unsigned char *)r;
+    for (size_t i = 0; i < offsetof(struct vgpu_region, devices); i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+static const char *header_problem(const struct vgpu_region *r)
+{
+    if (r->magic != VGPU_REGION_MAGIC)
+        return "bad magic";
+    if (r->version != VGPU_REGION_VERSION)
+        return "unknown version";
+    if (r->size != sizeof *r)
+        return "size field mismatch";
+    if (r->num_slots != VGPU_MAX_SLOTS)
+        return "bad slot count";
+    if (r->num_devices > VGPU_MAX_DEVICES)
+        return "bad device count";
+    return NULL;
+}
+
+/* under the lock: recompute hwm and the informational totals */
+static void recompute_locked(void)
+{
+    unsigned last = 0;
+    uint64_t dev[VGPU_MAX_DEVICES] = {0}, host[VGPU_MAX_DEVICES] = {0};
+    for (unsigned i = 0; i < VGPU_MAX_SLOTS; i++) {
+        struct vgpu_slot *s = &g_r->slots[i];
+        if (LD(&s->state) != VGPU_SLOT_ACTIVE)
+            continue;
+        last = i + 1;
+        for (unsigned d = 0; d < g_ndev; d++) {
+            dev[d] = vgpu_sat_add(dev[d], LD(&s->dev[d].device_bytes));
+            host[d] = vgpu_sat_add(host[d], LD(&s->dev[d].host_bytes));
+        }
+    }
+    ST(&g_r->slot_hwm, last);
+    for (unsigned d = 0; d < g_ndev; d++) {
+        ST(&g_r->devices[d].used_device, dev[d]);
+        ST(&g_r->devices[d].used_host, host[d]);
+    }
+    __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
+}
+
+/* under the lock: clear slots whose owner is gone; returns count */
+static int reclaim_locked(void)
+{
+    int n = 0;
+    for (unsigned i = 0; i < VGPU_MAX_SLOTS; i++) {
+        struct vgpu_slot *s = &g_r->slots[i];
+        uint32_t st = LD(&s->state);
+        if (st == VGPU_SLOT_FREE || (int)i == g_slot)
+            continue;
+        if (st == VGPU_SLOT_ACTIVE && slot_alive(g_fd, i) != 0)
+            continue; /* alive (or cannot tell: keep it) */
+        VLOG(VGPU_LOG_DEBUG, "reclaiming slot %u (pid %d)", i, (int)LD(&s->pid));
+        memset(s, 0, sizeof *s);
+        n++;
+    }
+    return n;
+}
+
+int vgpu_rgn_map(const char *path, int create, const struct vgpu_limits *lim, char *err, size_t errlen)
+{
+    int rc = -1;
+    pthread_mutex_lock(&g_mu);
+    if (g_r) {
+        pthread_mutex_unlock(&g_mu);
+        return 0;
+    }
+    int fd;
+    if (path) {
+        /* O_NOFOLLOW: the path is fixed (/run/vgpu/region) or comes from a test env */
+        fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | (create ? O_CREAT : 0), 0666);
+    } else {
+        fd = memfd_create("vgpu-region", MFD_CLOEXEC);
+    }
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open: %s", strerror(errno));
+        goto out_unlock;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "not a regular file");
+        goto out_close;
+    }
+    if (ofd_lock(fd, F_WRLCK, VGPU_REGION_LOCK_BYTE, 1) != 0) {
+        snprintf(err, errlen, "cannot lock: %s", strerror(errno));
+        goto out_close;
+    }
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "fstat: %s", strerror(errno));
+        goto out_lock;
+    }
+    int fresh = 0;
+    if (st.st_size == 0) {
+        if (ftruncate(fd, (off_t)sizeof(struct vgpu_region)) != 0) {
+            snprintf(err, errlen, "cannot size: %s", strerror(errno));
+            goto out_lock;
+        }
+        fresh = 1;
+    } else if ((uint64_t)st.st_size < sizeof(struct vgpu_region)) {
+        snprintf(err, errlen, "corrupt: short file (%lld < %zu bytes)", (long long)st.st_size,
+                 sizeof(struct vgpu_region));
+        goto out_lock;
+    }
+    struct vgpu_region *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (r == MAP_FAILED) {
+        snprintf(err, errlen, "mmap: %s", strerror(errno));
+        goto out_lock;
+    }
+    if (fresh || header_zero(r)) {
+        header_init(r);
+    } else {
+        const char *p = header_problem(r);
+        if (p) {
+            snprintf(err, errlen, "corrupt: %s", p);
+            munmap(r, sizeof *r);
+            goto out_lock;
+        }
+    }
+    /* The limits file is the authority: the device table mirrors it. */
+    for (unsigned i = 0; i < lim->count; i++) {
+        struct vgpu_region_device *d = &r->devices[i];
+        if (strncmp(d->uuid, lim->dev[i].uuid, VGPU_UUID_LEN) != 0) {
+            memset(d, 0, sizeof *d);
+            snprintf(d->uuid, sizeof d->uuid, "%s", lim->dev[i].uuid);
+        }
+        d->memory_limit = lim->dev[i].memory_limit;
+        d->core_percent = lim->dev[i].core_percent;
+        d->flags = lim->dev[i].oversubscribe ? VGPU_DEV_OVERSUBSCRIBE : 0;
+    }
+    r->num_devices = lim->count;
+    g_r = r;
+    g_fd = fd;
+    g_ndev = lim->count;
+    ofd_lock(fd, F_UNLCK, VGPU_REGION_LOCK_BYTE, 0);
+    pthread_mutex_unlock(&g_mu);
+    return 0;
+out_lock:
+    ofd_lock(fd, F_UNLCK, VGPU_REGION_LOCK_BYTE, 0);
+out_close:
+    close(fd);
+out_unlock:
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+int vgpu_rgn_mapped(void) { return g_r != NULL; }
+int vgpu_rgn_slot(void) { return g_slot; }
+
+static uint64_t self_start_time(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* comm may contain spaces */
+    if (!p)
+        return 0;
+    /* after ") " come fields 3..; start_time is field 22 */
+    int field = 2;
+    for (; *p && field < 22; p++)
+        if (*p == ' ')
+            field++;
+    return strtoull(p, NULL, 10);
+}
+
+int vgpu_rgn_join(char *err, size_t errlen)
+{
+    if (!g_r) {
+        snprintf(err, errlen, "region not mapped");
+        return -1;
+    }
+    if (g_slot >= 0)
+        return 0;
+    uint64_t start = self_start_time();
+    lock_region();
+    if (g_slot >= 0) {
+        unlock_region();
+        return 0;
+    }
+    reclaim_locked();
+    int got = -1;
+    for (unsigned i = 0; i < VGPU_MAX_SLOTS; i++) {
+        if (LD(&g_r->slots[i].state) != VGPU_SLOT_FREE)
+            continue;
+        if (ofd_lock(g_fd, F_RDLCK, VGPU_REGION_SLOT_LOCK_BASE + i, 0) != 0)
+            continue;
+        got = (int)i;
+        break;
+    }
+    if (got < 0) {
+        unlock_region();
+        snprintf(err, errlen, "no free slot (%u processes)", VGPU_MAX_SLOTS);
+        return -1;
+    }
+    struct vgpu_slot *s = &g_r->slots[got];
+    memset(s, 0, sizeof *s);
+    s->pid = (int32_t)getpid();
+    s->host_pid = 0; /* unknown inside a container; the monitor maps it */
+    s->start_time = start;
+    __atomic_store_n(&s->state, VGPU_SLOT_ACTIVE, __ATOMIC_RELEASE);
+    g_slot = got;
+    recompute_locked();
+    unlock_region();
+    VLOG(VGPU_LOG_DEBUG, "joined region slot %d", got);
+    return 0;
+}
+
+int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t reserve, int kind)
+{
+    if (!g_r || g_slot < 0 || dev >= g_ndev)
+        return -1;
+    int ok = -1;
+    lock_region();
+    struct vgpu_slot_device *me = &g_r->slots[g_slot].dev[dev];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        unsigned h = hwm();
+        if ((unsigned)g_slot >= h)
+            h = (unsigned)g_slot + 1;
+        uint64_t sum = 0;
+        for (unsigned i = 0; i < h; i++) {
+            const struct vgpu_slot *s = &g_r->slots[i];
+            if (LD(&s->state) == VGPU_SLOT_ACTIVE)
+                sum = vgpu_sat_add(sum, slot_dev_total(s, dev));
+        }
+        uint64_t extra = LD(&me->extra_bytes), old = LD(&me->ctx_reserve);
+        uint64_t before = extra > old ? extra : old;
+        uint64_t newres = reserve > old ? reserve : old;
+        uint64_t after = extra > newres ? extra : newres;
+        uint64_t need = vgpu_sat_add(n, after - before);
+        if (sum <= limit && need <= limit - sum) {
+            ST(&me->ctx_reserve, newres);
+            __atomic_add_fetch(kind == VGPU_KIND_HOST ? &me->host_bytes : &me->device_bytes, n, __ATOMIC_RELAXED);
+            if (kind == VGPU_KIND_HOST)
+                __atomic_add_fetch(&g_r->devices[dev].used_host, n, __ATOMIC_RELAXED);
+            else
+                __atomic_add_fetch(&g_r->devices[dev].used_device, n, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
+            ok = 0;
+            break;
+        }
+        /* over the limit: return dead processes' usage, then look again */
+        if (attempt == 0 && reclaim_locked() > 0) {
+            recompute_locked();
+            continue;
+        }
+        break;
+    }
+    unlock_region();
+    return ok;
+}
+
+static void sat_sub(uint64_t *p, uint64_t n)
+{
+    uint64_t cur = LD(p), next;
+    do {
+        next = cur > n ? cur - n : 0;
+    } while (!__atomic_compare_exchange_n(p, &cur, next, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+void vgpu_rgn_uncharge(unsigned dev, uint64_t n, int kind)
+{
+    if (!g_r || g_slot < 0 || dev >= g_ndev)
+        return;
+    struct vgpu_slot_device *me = &g_r->slots[g_slot].dev[dev];
+    sat_sub(kind == VGPU_KIND_HOST ? &me->host_bytes : &me->device_bytes, n);
+    sat_sub(kind == VGPU_KIND_HOST ? &g_r->devices[dev].used_host : &g_r->devices[dev].used_device, n);
+    __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
+}
+
+void vgpu_rgn_to_host(unsigned dev, uint64_t n)
+{
+    if (!g_r || g_slot < 0 || dev >= g_ndev)
+        return;
+    struct vgpu_slot_device *me = &g_r->slots[g_slot].dev[dev];
+    /* host first: the slot's sum never dips below the truth meanwhile */
+    __atomic_add_fetch(&me->host_bytes, n, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g_r->devices[dev].used_host, n, __ATOMIC_RELAXED);
+    sat_sub(&me->device_bytes, n);
+    sat_sub(&g_r->devices[dev].used_device, n);
+}
+
+void vgpu_rgn_usage(unsigned dev, struct vgpu_usage *u)
+{
+    memset(u, 0, sizeof *u);
+    if (!g_r || dev >= g_ndev)
+        return;
+    unsigned h = hwm();
+    if (g_slot >= 0 && (unsigned)g_slot >= h)
+        h = (unsigned)g_slot + 1;
+    for (unsigned i = 0; i < h; i++) {
+        const struct vgpu_slot *s = &g_r->slots[i];
+        if (LD(&s->state) != VGPU_SLOT_ACTIVE)
+            continue;
+        const struct vgpu_slot_device *sd = &s->dev[dev];
+        uint64_t e = LD(&sd->extra_bytes), c = LD(&sd->ctx_reserve);
+        u->device = vgpu_sat_add(u->device, LD(&sd->device_bytes));
+        u->host = vgpu_sat_add(u->host, LD(&sd->host_bytes));
+        u->extra = vgpu_sat_add(u->extra, e > c ? e : c);
+    }
+}
+
+int vgpu_rgn_reclaim(void)
+{
+    if (!g_r)
+        return 0;
+    lock_region();
+    int n = reclaim_locked();
+    if (n)
+        recompute_locked();
+    unlock_region();
+    return n;
+}
+
+void vgpu_rgn_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
+void vgpu_rgn_atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+
+/* The child shares the parent's open file description: keeping it would let
+ * the child keep the parent's slot alive and share its (non-conflicting) OFD
+ * locks.  Drop it; the child maps and joins with its own description and slot
+ * on its first CUDA use, and costs nothing if it never makes one.  (A private
+ * memfd region cannot be reopened: such a child gets a fresh private one.) */
+void vgpu_rgn_atfork_child(void)
+{
+    pthread_mutex_init(&g_mu, NULL);
+    g_slot = -1;
+    if (g_fd >= 0)
+        close(g_fd);
+    g_fd = -1;
+    if (g_r)
+        munmap(g_r, sizeof *g_r);
+    g_r = NULL;
+}

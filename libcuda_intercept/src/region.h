@@ -1,0 +1,49 @@
+/* region.h — attaching to the shared accounting region, slots, check-and-charge. */
+#ifndef VGPU_REGION_INTERNAL_H
+#define VGPU_REGION_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../include/vgpu_region.h"
+#include "vlimits.h"
+
+enum { VGPU_KIND_DEVICE = 0, VGPU_KIND_HOST = 1 };
+
+/* Open (path) or create a private memfd region (path NULL), map it, validate
+ * the header (an empty/all-zero file is initialised), and copy the limits
+ * into the device table.  create: make the file if missing (a region named
+ * by VGPU_REGION_FILE; the mounted /run/vgpu/region must exist).
+ * Returns 0 or -1 with a reason in err. */
+int vgpu_rgn_map(const char *path, int create, const struct vgpu_limits *lim, char *err, size_t errlen);
+int vgpu_rgn_mapped(void);
+/* Take a slot (reclaiming dead ones).  Requires a mapped region. */
+int vgpu_rgn_join(char *err, size_t errlen);
+int vgpu_rgn_slot(void);
+
+/* Atomically check usage(dev) + n (+ this slot's first context reserve) <=
+ * limit and charge n to this process's slot.  0 ok, -1 over the limit. */
+int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t reserve, int kind);
+/* Lower this process's charge (lock-free). */
+void vgpu_rgn_uncharge(unsigned dev, uint64_t n, int kind);
+/* Move n bytes of this slot's charge from device-resident to host-backed. */
+void vgpu_rgn_to_host(unsigned dev, uint64_t n);
+
+struct vgpu_usage {
+    uint64_t device;  /* device_bytes summed */
+    uint64_t host;    /* host_bytes summed */
+    uint64_t extra;   /* sum of max(extra_bytes, ctx_reserve) */
+};
+/* Container usage of a device (no lock; a consistent-enough view). */
+void vgpu_rgn_usage(unsigned dev, struct vgpu_usage *u);
+/* Reclaim slots whose owner died (takes the lock).  Returns the number freed. */
+int vgpu_rgn_reclaim(void);
+
+/* fork handlers */
+void vgpu_rgn_atfork_prepare(void);
+void vgpu_rgn_atfork_parent(void);
+void vgpu_rgn_atfork_child(void);
+
+static inline uint64_t vgpu_sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
+#endif

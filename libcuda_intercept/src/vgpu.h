@@ -1,0 +1,116 @@
+/* vgpu.h — libvgpu.so internals shared by the hook files. */
+#ifndef VGPU_INTERNAL_H
+#define VGPU_INTERNAL_H
+
+#include <stdint.h>
+
+#include "cuda_abi.h"
+#include "region.h"
+#include "track.h"
+#include "vlimits.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+#define VGPU_TLS __thread __attribute__((tls_model("initial-exec")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- real driver entry points (resolved from dlopen("libcuda.so.1") / libnvidia-ml.so.1) */
+#define VGPU_REAL_CUDA(X)                                                                                          \
+    X(cuInit, (unsigned))                                                                                          \
+    X(cuGetProcAddress, (const char *, void **, int, cuuint64_t))                                                 \
+    X(cuGetProcAddress_v2, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))            \
+    X(cuCtxGetDevice, (CUdevice *))                                                                                \
+    X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                                       \
+    X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                                      \
+    X(cuMemAllocPitch_v2, (CUdeviceptr *, size_t *, size_t, size_t, unsigned))                                     \
+    X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned))                                                        \
+    X(cuMemFree_v2, (CUdeviceptr))                                                                                 \
+    X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                                          \
+    X(cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, CUstream))                                                     \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                    \
+    X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                               \
+    X(cuMemFreeAsync, (CUdeviceptr, CUstream))                                                                     \
+    X(cuMemFreeAsync_ptsz, (CUdeviceptr, CUstream))                                                                \
+    X(cuMemPoolCreate, (CUmemoryPool *, const CUmemPoolProps *))                                                   \
+    X(cuMemPoolDestroy, (CUmemoryPool))                                                                            \
+    X(cuMemPoolTrimTo, (CUmemoryPool, size_t))                                                                     \
+    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))      \
+    X(cuMemRelease, (CUmemGenericAllocationHandle))                                                                \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))                   \
+    X(cuMemUnmap, (CUdeviceptr, size_t))                                                                           \
+    X(cuArrayCreate_v2, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))                                                \
+    X(cuArray3DCreate_v2, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))                                            \
+    X(cuArrayDestroy, (CUarray))                                                                                   \
+    X(cuMipmappedArrayCreate, (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned))                     \
+    X(cuMipmappedArrayDestroy, (CUmipmappedArray))                                                                 \
+    X(cuMemGetInfo_v2, (size_t *, size_t *))                                                                       \
+    X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                                   \
+    X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, \
+                       void **, void **))                                                                          \
+    X(cuLaunchKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,      \
+                            CUstream, void **, void **))                                                           \
+    X(cuLaunchKernelEx, (const CUlaunchConfig *, CUfunction, void **, void **))                                    \
+    X(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *, CUfunction, void **, void **))                               \
+    X(cuLaunchCooperativeKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,          \
+                                  unsigned, CUstream, void **))                                                    \
+    X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,     \
+                                       unsigned, CUstream, void **))                                               \
+    X(cuGraphLaunch, (CUgraphExec, CUstream))                                                                      \
+    X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                                 \
+    X(cuMemAlloc, (unsigned *, unsigned))                                                                          \
+    X(cuMemAllocPitch, (unsigned *, unsigned *, unsigned, unsigned, unsigned))                                     \
+    X(cuArrayCreate, (CUarray *, const void *))                                                                    \
+    X(cuArray3DCreate, (CUarray *, const void *))
+
+#define VGPU_REAL_NVML(X)                                                 \
+    X(nvmlDeviceGetUUID, (nvmlDevice_t, char *, unsigned))                \
+    X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, nvmlMemory_t *))            \
+    X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *))
+
+#define VGPU_DECL_CUDA(name, params) extern CUresult(*real_##name) params;
+#define VGPU_DECL_NVML(name, params) extern nvmlReturn_t(*real_##name) params;
+VGPU_REAL_CUDA(VGPU_DECL_CUDA)
+VGPU_REAL_NVML(VGPU_DECL_NVML)
+
+/* load the real pointer (relaxed atomic: plain load) */
+#define REAL(name) __atomic_load_n(&real_##name, __ATOMIC_RELAXED)
+
+/* resolve.c */
+void vgpu_resolve_cuda(void); /* idempotent, re-entrancy safe, lock-free */
+void vgpu_resolve_nvml(void);
+int vgpu_cuda_resolved(void);
+
+/* state.c: process state */
+enum { VGPU_ST_INACTIVE = 1, VGPU_ST_ACTIVE = 2, VGPU_ST_FAILED = 3 };
+extern int vgpu_status_cache;
+int vgpu_status_slow(void);
+static inline int vgpu_status(void)
+{
+    int s = __atomic_load_n(&vgpu_status_cache, __ATOMIC_ACQUIRE);
+    return LIKELY(s) ? s : vgpu_status_slow();
+}
+const struct vgpu_limits *vgpu_limits(void);
+uint64_t vgpu_ctx_reserve(void);
+/* report the fail-closed reason once (error level); returns CUDA_ERROR_NOT_PERMITTED */
+CUresult vgpu_fail_closed(const char *where);
+/* map the region (for reading usage); 0 ok */
+int vgpu_ensure_mapped(void);
+/* map + own a slot; 0 ok */
+int vgpu_ensure_joined(void);
+/* CUDA ordinal -> limits index; -1 if the device has no limits line, -2 on driver error */
+int vgpu_dev_index(CUdevice dev);
+/* NVML handle -> limits index, -1 unlisted, -2 error */
+int vgpu_nvml_index(nvmlDevice_t h);
+void vgpu_format_uuid(const CUuuid *u, char out[VGPU_UUID_LEN]);
+
+/* per-process trackers */
+extern struct vgpu_track vgpu_t_ptr;   /* CUdeviceptr -> charge */
+extern struct vgpu_track vgpu_t_vmm;   /* CUmemGenericAllocationHandle -> charge; aux = live mappings */
+extern struct vgpu_track vgpu_t_map;   /* mapped VA -> (aux = handle) */
+extern struct vgpu_track vgpu_t_arr;   /* CUarray / CUmipmappedArray -> charge */
+extern struct vgpu_track vgpu_t_pool;  /* CUmemoryPool -> device ordinal (+1) */
+
+/* re-entrancy guard: a hook entered from inside another hook passes through */
+extern VGPU_TLS int vgpu_in_hook;
+
+#endif
