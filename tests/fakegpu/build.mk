@@ -1,2 +1,36 @@
-# tests/fakegpu: the simulated NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1, fakegpu-ctl).
-# Filled in by the fakegpu work; outputs go to $(BUILD)/fakegpu/.
+# tests/fakegpu: the simulated NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1, fakegpu-ctl,
+# fakegpu-burn).  Outputs go to $(BUILD)/fakegpu/.  The libraries are linked -Bsymbolic so their
+# internal references (cuGetProcAddress's table above all) never bind to an interposer.
+FG_SRC   := tests/fakegpu/src
+FG_OUT   := $(BUILD)/fakegpu
+FG_HDRS  := $(wildcard $(FG_SRC)/*.h)
+FG_CORE  := $(FG_SRC)/fg_state.c $(FG_SRC)/fg_config.c $(FG_SRC)/fg_sim.c $(FG_SRC)/fg_pid.c
+FG_CUDA  := $(FG_CORE) $(wildcard $(FG_SRC)/cuda_*.c)
+FG_NVML  := $(FG_CORE) $(wildcard $(FG_SRC)/nvml_*.c)
+FG_LDLIB := -shared -Wl,-Bsymbolic -Wl,-z,defs -Wl,--no-undefined
+
+ALL_TARGETS += $(FG_OUT)/libcuda.so.1 $(FG_OUT)/libcuda.so $(FG_OUT)/libnvidia-ml.so.1 \
+               $(FG_OUT)/libnvidia-ml.so $(FG_OUT)/fakegpu-ctl $(FG_OUT)/fakegpu-burn
+
+$(FG_OUT):
+	mkdir -p $@
+
+$(FG_OUT)/libcuda.so.1: $(FG_CUDA) $(FG_HDRS) tests/fakegpu/build.mk | $(FG_OUT)
+	$(CC) $(CFLAGS_LIB) $(FG_LDLIB) -Wl,-soname,libcuda.so.1 -o $@ $(FG_CUDA) -lpthread
+
+$(FG_OUT)/libnvidia-ml.so.1: $(FG_NVML) $(FG_HDRS) tests/fakegpu/build.mk | $(FG_OUT)
+	$(CC) $(CFLAGS_LIB) $(FG_LDLIB) -Wl,-soname,libnvidia-ml.so.1 -o $@ $(FG_NVML) -lpthread
+
+$(FG_OUT)/libcuda.so: $(FG_OUT)/libcuda.so.1
+	ln -sf libcuda.so.1 $@
+
+$(FG_OUT)/libnvidia-ml.so: $(FG_OUT)/libnvidia-ml.so.1
+	ln -sf libnvidia-ml.so.1 $@
+
+$(FG_OUT)/fakegpu-ctl: $(FG_SRC)/ctl.c $(FG_CORE) $(FG_HDRS) tests/fakegpu/build.mk | $(FG_OUT)
+	$(CC) $(CFLAGS_PROG) -o $@ $(FG_SRC)/ctl.c $(FG_CORE) -lpthread
+
+# Linked against the fake's libcuda.so; at run time it takes whichever libcuda.so.1 the loader
+# finds (LD_LIBRARY_PATH=build/fakegpu for the simulator, the real driver on a GPU node).
+$(FG_OUT)/fakegpu-burn: $(FG_SRC)/burn.c $(FG_OUT)/libcuda.so tests/fakegpu/build.mk | $(FG_OUT)
+	$(CC) $(CFLAGS_PROG) -o $@ $(FG_SRC)/burn.c -L$(FG_OUT) -lcuda

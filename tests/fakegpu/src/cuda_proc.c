@@ -1,0 +1,271 @@
+/* fakegpu libcuda: cuGetProcAddress / cuGetProcAddress_v2 and the error strings.
+ *
+ * Lookup by base name + requested CUDA version + flags, as the real driver does (see
+ * docs/fakegpu.md and shared reference cuda-interception.md §1-2): the entry with the highest
+ * version <= the requested one wins ("cuMemAlloc"@3020 is cuMemAlloc_v2, "cuCtxCreate"@11040 is
+ * cuCtxCreate_v3); CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (2) selects the _ptsz/_ptds
+ * variant where one exists (CUDA >= 7.0).  A known name whose versions are all newer than the
+ * request is CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, an unknown one SYMBOL_NOT_FOUND; both
+ * return CUDA_ERROR_NOT_FOUND with *pfn = NULL.  "cuGetProcAddress" returns this library's own
+ * functions (v1 at 11030, v2 at 12000).  Built with -Bsymbolic, the addresses here are this
+ * library's even when an interposer exports the same names.
+ */
+#include "fg_cuda.h"
+
+#include <string.h>
+
+typedef void (*fg_fn)(void);
+
+#define DECL(n) extern void n(void);
+#define FUNCS(X)                                                                                                 \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid)     \
+    X(cuDeviceGetUuid_v2) X(cuDeviceTotalMem_v2) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId)                  \
+    X(cuDeviceGetByPCIBusId) X(cuDeviceComputeCapability) X(cuDevicePrimaryCtxRetain)                            \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset)                      \
+    X(cuDevicePrimaryCtxReset_v2) X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxSetFlags_v2)                 \
+    X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxSetCurrent)                  \
+    X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2)       \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuCtxGetApiVersion) X(cuCtxGetFlags)                            \
+    X(cuCtxGetStreamPriorityRange) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuMemAllocPitch_v2)     \
+    X(cuMemAllocManaged) X(cuMemGetAddressRange_v2) X(cuMemAllocHost_v2) X(cuMemHostAlloc) X(cuMemFreeHost)      \
+    X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds) X(cuMemcpyDtoD_v2)     \
+    X(cuMemcpyDtoD_v2_ptds) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyHtoDAsync_v2_ptsz) X(cuMemcpyDtoHAsync_v2)         \
+    X(cuMemcpyDtoHAsync_v2_ptsz) X(cuMemsetD8_v2) X(cuMemsetD8_v2_ptds) X(cuMemsetD32_v2)                        \
+    X(cuMemsetD32_v2_ptds) X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuStreamDestroy_v2)                 \
+    X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuStreamQuery) X(cuStreamQuery_ptsz)                    \
+    X(cuStreamGetFlags) X(cuStreamWaitEvent) X(cuStreamWaitEvent_ptsz) X(cuEventCreate) X(cuEventDestroy_v2)     \
+    X(cuEventRecord) X(cuEventRecord_ptsz) X(cuEventQuery) X(cuEventSynchronize) X(cuEventElapsedTime)           \
+    X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleUnload) X(cuModuleGetFunction)           \
+    X(cuModuleGetLoadingMode) X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx)                       \
+    X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuFuncGetAttribute) \
+    X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz)                          \
+    X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemPoolCreate) X(cuMemPoolDestroy)            \
+    X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuDeviceGetDefaultMemPool)            \
+    X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve)            \
+    X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)             \
+    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy)
+
+FUNCS(DECL)
+
+/* --- error strings (texts of cuda.h) ------------------------------------------------------- */
+
+static const struct {
+    int code;
+    const char *name, *text;
+} g_errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_STUB_LIBRARY, "CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"},
+    {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_ARRAY_IS_MAPPED, "CUDA_ERROR_ARRAY_IS_MAPPED", "array is mapped"},
+    {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
+    {CUDA_ERROR_NOT_MAPPED, "CUDA_ERROR_NOT_MAPPED", "resource not mapped"},
+    {CUDA_ERROR_INVALID_SOURCE, "CUDA_ERROR_INVALID_SOURCE", "device kernel image is invalid"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+    {CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static int find_error(CUresult e)
+{
+    for (size_t i = 0; i < sizeof(g_errors) / sizeof(g_errors[0]); i++)
+        if (g_errors[i].code == e)
+            return (int)i;
+    return -1;
+}
+
+FG_API CUresult cuGetErrorString(CUresult e, const char **s)
+{
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    int i = find_error(e);
+    *s = i >= 0 ? g_errors[i].text : NULL;
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+FG_API CUresult cuGetErrorName(CUresult e, const char **s)
+{
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    int i = find_error(e);
+    *s = i >= 0 ? g_errors[i].name : NULL;
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+
+FG_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
+FG_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags,
+                                    int *status);
+
+struct entry {
+    const char *base;
+    int version;   /* CUDA version that introduced this ABI of the name */
+    fg_fn fn;      /* legacy default stream */
+    fg_fn ptds;    /* per-thread default stream variant (introduced in CUDA 7.0), or NULL */
+};
+
+#define E(base, ver, fn) {base, ver, (fg_fn)fn, NULL},
+#define P(base, ver, fn, pt) {base, ver, (fg_fn)fn, (fg_fn)pt},
+
+/* Versions as in cuda.h's versioned #defines and cudart's requests (reference §2). */
+static const struct entry g_table[] = {
+    E("cuInit", 2000, cuInit)
+    E("cuDriverGetVersion", 2020, cuDriverGetVersion)
+    E("cuDeviceGet", 2000, cuDeviceGet)
+    E("cuDeviceGetCount", 2000, cuDeviceGetCount)
+    E("cuDeviceGetName", 2000, cuDeviceGetName)
+    E("cuDeviceGetUuid", 9020, cuDeviceGetUuid)
+    E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2)
+    E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2)
+    E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute)
+    E("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId)
+    E("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId)
+    E("cuDeviceComputeCapability", 2000, cuDeviceComputeCapability)
+    E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain)
+    E("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease)
+    E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2)
+    E("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset)
+    E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2)
+    E("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState)
+    E("cuDevicePrimaryCtxSetFlags", 11000, cuDevicePrimaryCtxSetFlags_v2)
+    E("cuCtxCreate", 3020, cuCtxCreate_v2)
+    E("cuCtxCreate", 11040, cuCtxCreate_v3)
+    E("cuCtxCreate", 12050, cuCtxCreate_v4)
+    E("cuCtxDestroy", 4000, cuCtxDestroy_v2)
+    E("cuCtxSetCurrent", 4000, cuCtxSetCurrent)
+    E("cuCtxGetCurrent", 4000, cuCtxGetCurrent)
+    E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2)
+    E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2)
+    E("cuCtxGetDevice", 2000, cuCtxGetDevice)
+    E("cuCtxGetDevice", 13000, cuCtxGetDevice_v2)
+    E("cuCtxSynchronize", 2000, cuCtxSynchronize)
+    E("cuCtxSynchronize", 13000, cuCtxSynchronize_v2)
+    E("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion)
+    E("cuCtxGetFlags", 7000, cuCtxGetFlags)
+    E("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange)
+    E("cuMemAlloc", 3020, cuMemAlloc_v2)
+    E("cuMemFree", 3020, cuMemFree_v2)
+    E("cuMemGetInfo", 3020, cuMemGetInfo_v2)
+    E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2)
+    E("cuMemAllocManaged", 6000, cuMemAllocManaged)
+    E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2)
+    E("cuMemAllocHost", 3020, cuMemAllocHost_v2)
+    E("cuMemHostAlloc", 2020, cuMemHostAlloc)
+    E("cuMemFreeHost", 2000, cuMemFreeHost)
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds)
+    P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds)
+    P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds)
+    P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz)
+    P("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz)
+    P("cuMemsetD8", 3020, cuMemsetD8_v2, cuMemsetD8_v2_ptds)
+    P("cuMemsetD32", 3020, cuMemsetD32_v2, cuMemsetD32_v2_ptds)
+    E("cuStreamCreate", 2000, cuStreamCreate)
+    E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority)
+    E("cuStreamDestroy", 4000, cuStreamDestroy_v2)
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz)
+    P("cuStreamQuery", 2000, cuStreamQuery, cuStreamQuery_ptsz)
+    E("cuStreamGetFlags", 5050, cuStreamGetFlags)
+    P("cuStreamWaitEvent", 3020, cuStreamWaitEvent, cuStreamWaitEvent_ptsz)
+    E("cuEventCreate", 2000, cuEventCreate)
+    E("cuEventDestroy", 4000, cuEventDestroy_v2)
+    P("cuEventRecord", 2000, cuEventRecord, cuEventRecord_ptsz)
+    E("cuEventQuery", 2000, cuEventQuery)
+    E("cuEventSynchronize", 2000, cuEventSynchronize)
+    E("cuEventElapsedTime", 2000, cuEventElapsedTime)
+    E("cuModuleLoad", 2000, cuModuleLoad)
+    E("cuModuleLoadData", 2000, cuModuleLoadData)
+    E("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx)
+    E("cuModuleUnload", 2000, cuModuleUnload)
+    E("cuModuleGetFunction", 2000, cuModuleGetFunction)
+    E("cuModuleGetLoadingMode", 11070, cuModuleGetLoadingMode)
+    P("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz)
+    P("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz)
+    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz)
+    E("cuFuncGetAttribute", 2020, cuFuncGetAttribute)
+    P("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz)
+    P("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz)
+    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz)
+    E("cuMemPoolCreate", 11020, cuMemPoolCreate)
+    E("cuMemPoolDestroy", 11020, cuMemPoolDestroy)
+    E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo)
+    E("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute)
+    E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute)
+    E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool)
+    E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool)
+    E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool)
+    E("cuMemCreate", 10020, cuMemCreate)
+    E("cuMemRelease", 10020, cuMemRelease)
+    E("cuMemAddressReserve", 10020, cuMemAddressReserve)
+    E("cuMemAddressFree", 10020, cuMemAddressFree)
+    E("cuMemMap", 10020, cuMemMap)
+    E("cuMemUnmap", 10020, cuMemUnmap)
+    E("cuMemSetAccess", 10020, cuMemSetAccess)
+    E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity)
+    E("cuArrayCreate", 3020, cuArrayCreate_v2)
+    E("cuArray3DCreate", 3020, cuArray3DCreate_v2)
+    E("cuArrayDestroy", 2000, cuArrayDestroy)
+    E("cuGetErrorString", 6000, cuGetErrorString)
+    E("cuGetErrorName", 6000, cuGetErrorName)
+    E("cuGetProcAddress", 11030, cuGetProcAddress)
+    E("cuGetProcAddress", 12000, cuGetProcAddress_v2)
+};
+
+#define ST_SUCCESS 0
+#define ST_NOT_FOUND 1
+#define ST_VERSION 2
+
+static CUresult lookup(const char *symbol, void **pfn, int version, unsigned long long flags, int *status)
+{
+    int st = ST_NOT_FOUND;
+    if (!symbol || !pfn || (flags & ~3ULL)) {
+        if (status)
+            *status = ST_NOT_FOUND;
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *pfn = NULL;
+    const struct entry *best = NULL;
+    for (size_t i = 0; i < sizeof(g_table) / sizeof(g_table[0]); i++) {
+        const struct entry *e = &g_table[i];
+        if (strcmp(e->base, symbol) != 0)
+            continue;
+        st = ST_VERSION;
+        if (e->version <= version && (!best || e->version > best->version))
+            best = e;
+    }
+    if (best) {
+        int per_thread = (flags & 2) && best->ptds && version >= 7000;
+        *pfn = (void *)(per_thread ? best->ptds : best->fn);
+        st = ST_SUCCESS;
+    }
+    if (status)
+        *status = st;
+    return st == ST_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+FG_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags)
+{
+    return lookup(symbol, pfn, version, flags, NULL);
+}
+
+FG_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags,
+                                    int *status)
+{
+    return lookup(symbol, pfn, version, flags, status);
+}
+

@@ -1,0 +1,160 @@
+/* fakegpu: CUDA driver API types (ABI-compatible with cuda.h for the parts implemented) and the
+ * process-local driver state shared by the cuda_*.c files. */
+#ifndef FG_CUDA_H
+#define FG_CUDA_H
+
+#include "fg_state.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FG_API __attribute__((visibility("default")))
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct fg_ctx *CUcontext;
+typedef struct fg_streamh *CUstream;
+typedef struct fg_module *CUmodule;
+typedef struct fg_func *CUfunction;
+typedef struct fg_pool *CUmemoryPool;
+typedef struct fg_array *CUarray;
+typedef struct fg_event *CUevent;
+typedef struct fg_graphexec *CUgraphExec;
+typedef struct {
+    char bytes[16];
+} CUuuid;
+
+/* cuda.h cudaError_enum values */
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_STUB_LIBRARY = 34,
+    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_ARRAY_IS_MAPPED = 207,
+    CUDA_ERROR_ALREADY_MAPPED = 208,
+    CUDA_ERROR_NOT_MAPPED = 211,
+    CUDA_ERROR_INVALID_SOURCE = 300,
+    CUDA_ERROR_FILE_NOT_FOUND = 301,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE = 708,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_UNKNOWN = 999,
+};
+
+/* CUstream special handles */
+#define FG_STREAM_LEGACY ((CUstream)0x1)
+#define FG_STREAM_PER_THREAD ((CUstream)0x2)
+#define FG_SIDX_LEGACY 0
+#define FG_SIDX_PTDS 1
+
+#define FG_MAGIC_CTX 0x43545846u
+#define FG_MAGIC_STREAM 0x53545246u
+#define FG_MAGIC_MOD 0x4d4f4446u
+#define FG_MAGIC_FUNC 0x46554e46u
+#define FG_MAGIC_POOL 0x504f4f46u
+#define FG_MAGIC_ARRAY 0x41525246u
+#define FG_MAGIC_EVENT 0x45564e46u
+
+#define FG_MAX_CTX 256
+
+struct fg_ctx {
+    uint32_t magic;
+    int dev;
+    int primary;
+    unsigned flags;
+};
+
+struct fg_streamh {
+    uint32_t magic;
+    int dev;
+    int idx;
+    unsigned flags;
+    struct fg_ctx *ctx;
+};
+
+/* process-local driver state */
+struct fg_drv {
+    int inited;
+    pthread_mutex_t mu; /* taken before the global state lock, never after */
+    struct fg_ctx ctxs[FG_MAX_CTX];
+    unsigned primary_refs[FG_MAX_DEV];
+    unsigned primary_flags[FG_MAX_DEV];
+    int primary_idx[FG_MAX_DEV]; /* index into ctxs, -1 if not active */
+    unsigned next_stream[FG_MAX_DEV];
+};
+
+extern struct fg_drv fg_drv;
+
+/* cuda_init.c */
+CUresult fg_check_init(void);
+CUresult fg_check_dev(CUdevice dev);
+/* The current context (validated), or NULL with *err set. */
+struct fg_ctx *fg_current(CUresult *err);
+int fg_ctx_valid(const struct fg_ctx *c);
+/* Charge/uncharge device memory of this process (lock taken inside).  Returns CUDA_SUCCESS or
+ * CUDA_ERROR_OUT_OF_MEMORY when it does not fit physically. */
+CUresult fg_charge(int dev, uint64_t bytes, int kind);
+void fg_uncharge(int dev, uint64_t bytes, int kind);
+#define FG_KIND_DEVICE 0
+#define FG_KIND_MANAGED_DEV 1
+#define FG_KIND_MANAGED_HOST 2
+CUresult fg_ctx_charge(int dev, int add); /* +1/-1 context */
+int fg_dev_lost(int dev);
+int fg_phys(CUdevice d);          /* CUDA ordinal -> state index, -1 if invalid */
+int fg_ordinal_of(int physdev);    /* state index -> CUDA ordinal, -1 if hidden */
+uint64_t fg_dev_free(int dev);     /* physically free bytes */
+int fg_vmm_mapped(uint64_t p, uint64_t n);
+
+/* cuda_mem.c: the allocation table */
+#define FG_ALLOC_DEVICE 1
+#define FG_ALLOC_PITCH 2
+#define FG_ALLOC_MANAGED 3
+#define FG_ALLOC_ASYNC 4
+#define FG_ALLOC_HOST 5
+#define FG_ALLOC_VA 6 /* cuMemAddressReserve range */
+struct fg_alloc {
+    uint64_t ptr;
+    uint64_t size;     /* bytes usable */
+    uint64_t charged;  /* bytes charged to the device (managed: resident part) */
+    uint64_t host;     /* managed bytes living in host memory */
+    int dev;
+    int kind;
+    struct fg_ctx *ctx;
+    struct fg_pool *pool;
+};
+int fg_alloc_insert(const struct fg_alloc *a);
+int fg_alloc_remove(uint64_t ptr, struct fg_alloc *out); /* exact start */
+/* Finds the allocation containing [p, p+n); 0 or -1. */
+int fg_alloc_find(uint64_t p, uint64_t n, struct fg_alloc *out);
+void fg_alloc_free_ctx(struct fg_ctx *c); /* frees every allocation of a context */
+void *fg_map_bytes(uint64_t size);
+void fg_unmap_bytes(uint64_t ptr, uint64_t size);
+
+/* cuda_stream.c */
+/* Resolves a stream handle: device and queue index.  per_thread: the _ptsz/_ptds variant. */
+CUresult fg_stream_resolve(CUstream s, int per_thread, int *dev, int *idx);
+CUresult fg_wait_idle(int dev, int idx); /* idx -1: every stream of the device */
+CUresult fg_pools_sync(int dev); /* releases pool memory above thresholds (cuda_pool.c) */
+
+/* cuda_module.c */
+CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   CUstream s, void **params, void **extra, int per_thread);
+
+#endif

@@ -1,0 +1,288 @@
+/* fakegpu: opening, creating, locking the shared state; process slots and their liveness. */
+#include "fg_state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct fg_handle fg_g = {NULL, -1, -1};
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_open_mu = PTHREAD_MUTEX_INITIALIZER;
+
+uint64_t fg_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+const char *fg_state_path(void)
+{
+    const char *p = getenv("FAKEGPU_STATE");
+    return (p && *p) ? p : "/tmp/fakegpu.state";
+}
+
+static int ofd_lock(int fd, short type, off_t off, int wait)
+{
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = off;
+    fl.l_len = 1;
+    for (;;) {
+        if (fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl) == 0)
+            return 0;
+        if (errno != EINTR)
+            return -1;
+    }
+}
+
+void fg_lock(void)
+{
+    pthread_mutex_lock(&g_mu);
+    if (ofd_lock(fg_g.fd, F_WRLCK, FG_LOCK_GLOBAL, 1) != 0) {
+        /* Cannot happen on a valid fd; carrying on unlocked would corrupt the state. */
+        perror("fakegpu: state lock");
+        abort();
+    }
+}
+
+void fg_unlock(void)
+{
+    ofd_lock(fg_g.fd, F_UNLCK, FG_LOCK_GLOBAL, 0);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void init_state(struct fg_state *st, const struct fg_config *c)
+{
+    memset(st, 0, sizeof(*st));
+    st->h.version = FG_VERSION;
+    st->h.size = (uint32_t)sizeof(*st);
+    st->h.ndev = c->ndev;
+    st->h.queue_depth = c->queue_depth;
+    st->h.timeslice_ns = c->timeslice_ns;
+    st->h.period_ns = c->period_ns;
+    st->h.util_window_ns = c->util_window_ns;
+    uint64_t mono = fg_now(), real = realtime_ns();
+    st->h.real_minus_mono = (int64_t)(real - mono);
+    st->h.created_ns = real;
+    st->h.generation = 1;
+    memcpy(st->h.driver_version, c->driver_version, sizeof(st->h.driver_version));
+    st->h.cuda_version = c->cuda_version;
+    for (unsigned i = 0; i < FG_MAX_DEV; i++) {
+        st->cfg[i] = c->dev[i];
+        st->ds[i].cur_slot = FG_MAX_SLOTS;
+    }
+    __atomic_store_n(&st->h.magic, FG_MAGIC, __ATOMIC_RELEASE);
+}
+
+static int load_config(struct fg_config *c, int quiet)
+{
+    char err[256];
+    if (fg_config_load(getenv("FAKEGPU_CONFIG"), c, err, sizeof(err)) != 0) {
+        if (!quiet)
+            fprintf(stderr, "fakegpu: config: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+int fg_open(int quiet)
+{
+    pthread_mutex_lock(&g_open_mu);
+    if (fg_g.st) {
+        pthread_mutex_unlock(&g_open_mu);
+        return 0;
+    }
+    const char *path = fg_state_path();
+    /* The default path lives in /tmp: refuse to follow a symlink someone else planted there. */
+    int flags = O_RDWR | O_CREAT | O_CLOEXEC | (getenv("FAKEGPU_STATE") ? 0 : O_NOFOLLOW);
+    int fd = open(path, flags, 0666);
+    if (fd < 0) {
+        if (!quiet)
+            fprintf(stderr, "fakegpu: %s: %s\n", path, strerror(errno));
+        pthread_mutex_unlock(&g_open_mu);
+        return -1;
+    }
+    fg_g.fd = fd;
+    fg_lock();
+    struct stat sb;
+    int rc = -1;
+    struct fg_state *st = MAP_FAILED;
+    if (fstat(fd, &sb) != 0)
+        goto out;
+    if (sb.st_size == 0) {
+        /* Test tool: every local process (containers with other uids too) may use the node. */
+        (void)fchmod(fd, 0666);
+        if (ftruncate(fd, (off_t)sizeof(struct fg_state)) != 0)
+            goto out;
+    } else if ((size_t)sb.st_size != sizeof(struct fg_state)) {
+        if (!quiet)
+            fprintf(stderr, "fakegpu: %s: not a state file of this version (size %lld)\n", path,
+                    (long long)sb.st_size);
+        goto out;
+    }
+    st = mmap(NULL, sizeof(struct fg_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (st == MAP_FAILED)
+        goto out;
+    if (st->h.magic == 0) {
+        struct fg_config c;
+        if (load_config(&c, quiet) != 0)
+            goto out;
+        init_state(st, &c);
+    } else if (st->h.magic != FG_MAGIC || st->h.version != FG_VERSION || st->h.size != sizeof(*st) ||
+               st->h.ndev < 1 || st->h.ndev > FG_MAX_DEV) {
+        if (!quiet)
+            fprintf(stderr, "fakegpu: %s: incompatible state file\n", path);
+        goto out;
+    }
+    rc = 0;
+out:
+    if (rc != 0 && !quiet && st == MAP_FAILED && errno)
+        fprintf(stderr, "fakegpu: %s: %s\n", path, strerror(errno));
+    if (rc == 0)
+        fg_g.st = st;
+    fg_unlock();
+    if (rc != 0) {
+        if (st != MAP_FAILED)
+            munmap(st, sizeof(*st));
+        close(fd);
+        fg_g.fd = -1;
+    }
+    pthread_mutex_unlock(&g_open_mu);
+    return rc;
+}
+
+int fg_reset(void)
+{
+    struct fg_config c;
+    if (load_config(&c, 0) != 0)
+        return -1;
+    fg_lock();
+    uint64_t gen = fg_g.st->h.generation;
+    init_state(fg_g.st, &c);
+    fg_g.st->h.generation = gen + 1;
+    fg_unlock();
+    return 0;
+}
+
+static uint64_t read_start_time(void)
+{
+    return fg_proc_start_time(0);
+}
+
+int fg_slot_alive(int slot)
+{
+    if (slot == fg_g.slot)
+        return 1;
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = FG_LOCK_SLOT0 + slot;
+    fl.l_len = 1;
+    if (fcntl(fg_g.fd, F_OFD_GETLK, &fl) != 0)
+        return 1; /* cannot tell: keep it */
+    return fl.l_type != F_UNLCK;
+}
+
+uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev)
+{
+    const struct fg_pdev *p = &st->slots[slot].dev[dev];
+    return p->mem_device + p->mem_managed_dev + (uint64_t)p->contexts * st->cfg[dev].context_overhead;
+}
+
+uint64_t fg_dev_used(const struct fg_state *st, int dev)
+{
+    uint64_t u = 0;
+    for (int s = 0; s < FG_MAX_SLOTS; s++)
+        if (st->slots[s].state == FG_SLOT_LIVE)
+            u += fg_pdev_used(st, s, dev);
+    return u;
+}
+
+void fg_release_slot(struct fg_state *st, int slot)
+{
+    memset(&st->slots[slot], 0, sizeof(st->slots[slot]));
+    for (unsigned d = 0; d < FG_MAX_DEV; d++)
+        if (st->ds[d].cur_slot == (uint32_t)slot)
+            st->ds[d].slice_left = 0;
+}
+
+void fg_reap(void)
+{
+    struct fg_state *st = fg_g.st;
+    for (int s = 0; s < FG_MAX_SLOTS; s++) {
+        if (st->slots[s].state != FG_SLOT_LIVE || s == fg_g.slot)
+            continue;
+        if (!fg_slot_alive(s)) {
+            /* Queued work of a dead context is discarded, as when the driver tears it down. */
+            uint64_t now = fg_now();
+            for (unsigned d = 0; d < st->h.ndev; d++)
+                fg_sim_advance(st, (int)d, now);
+            fg_release_slot(st, s);
+        }
+    }
+}
+
+int fg_register(void)
+{
+    struct fg_state *st = fg_g.st;
+    if (fg_g.slot >= 0)
+        return 0;
+    fg_reap();
+    for (int s = 0; s < FG_MAX_SLOTS; s++) {
+        if (st->slots[s].state != FG_SLOT_FREE)
+            continue;
+        if (ofd_lock(fg_g.fd, F_RDLCK, FG_LOCK_SLOT0 + s, 0) != 0)
+            continue; /* a registration whose owner is still alive: leave it */
+        struct fg_slot *sl = &st->slots[s];
+        memset(sl, 0, sizeof(*sl));
+        sl->pid = (int32_t)getpid();
+        sl->pidns = fg_self_pidns();
+        sl->start_time = read_start_time();
+        sl->generation = ++st->h.generation;
+        FILE *f = fopen("/proc/self/comm", "re");
+        if (f) {
+            if (fgets(sl->comm, sizeof(sl->comm), f))
+                sl->comm[strcspn(sl->comm, "\n")] = '\0';
+            fclose(f);
+        }
+        sl->state = FG_SLOT_LIVE;
+        fg_g.slot = s;
+        return 0;
+    }
+    return -1;
+}
+
+void fg_atfork_child(void)
+{
+    /* The child shares the parent's open file description, and with it the parent's locks: it
+     * must not use them.  Drop everything; the child opens the state anew when it initialises. */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_mu = fresh;
+    g_open_mu = fresh;
+    if (fg_g.st)
+        munmap(fg_g.st, sizeof(struct fg_state));
+    if (fg_g.fd >= 0)
+        close(fg_g.fd);
+    fg_g.st = NULL;
+    fg_g.fd = -1;
+    fg_g.slot = -1;
+    fg_pid_cache_reset();
+}

@@ -1,0 +1,202 @@
+/* fakegpu: the shared state of the simulated node.
+ *
+ * One fixed-size file (FAKEGPU_STATE, default /tmp/fakegpu.state), mmapped by every process that
+ * uses the fake libcuda.so.1 / libnvidia-ml.so.1 and by fakegpu-ctl.  Layout below; see
+ * docs/fakegpu.md.  All fields are changed only under the global lock (fg_lock/fg_unlock):
+ * a process-local mutex plus an fcntl OFD write lock on byte FG_LOCK_GLOBAL of the file, which the
+ * kernel releases when the holder dies.  A process owns its slot while it holds an OFD read lock
+ * on byte FG_LOCK_SLOT0 + slot; a slot whose lock nobody holds belongs to a dead process and is
+ * reclaimed (memory, contexts, queued kernels) by whoever notices first.
+ */
+#ifndef FG_STATE_H
+#define FG_STATE_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define FG_MAGIC 0x5550474b414546ULL /* "FAKGPU\0" little endian-ish */
+#define FG_VERSION 1u
+
+#define FG_MAX_DEV 8
+#define FG_MAX_SLOTS 64
+#define FG_MAX_STREAMS 16 /* per process per device; 0 = legacy default, 1 = per-thread default */
+#define FG_QENT 16        /* run-length entries per stream queue */
+#define FG_RING 128       /* utilisation periods kept per process/device and per device */
+#define FG_XID_RING 32
+
+#define FG_LOCK_GLOBAL (1LL << 40)
+#define FG_LOCK_SLOT0 ((1LL << 40) + 4096)
+
+#define FG_SLOT_FREE 0u
+#define FG_SLOT_LIVE 1u
+
+#define FG_UUID_LEN 96
+#define FG_NAME_LEN 96
+#define FG_BUSID_LEN 32
+
+struct fg_devcfg {
+    char uuid[FG_UUID_LEN];       /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    char name[FG_NAME_LEN];
+    char pci_bus_id[FG_BUSID_LEN]; /* "00000000:65:00.0" */
+    uint64_t memory;               /* bytes */
+    uint64_t context_overhead;     /* bytes charged per context, shown by NVML, not by allocations */
+    uint64_t reserved;             /* bytes NVML reports as reserved (memory v2) */
+    int32_t numa_node;
+    uint32_t pci_device_id;        /* e.g. 0x233010de */
+    uint32_t sm_count;
+    uint32_t cc_major, cc_minor;
+    uint32_t minor_number;
+};
+
+struct fg_period {
+    uint64_t idx;  /* period number: floor(t / period_ns) */
+    uint64_t busy; /* ns of kernel execution inside the period */
+};
+
+struct fg_qent {
+    uint64_t dur; /* ns per kernel */
+    uint32_t n;   /* kernels with this duration, in launch order */
+    uint32_t pad;
+};
+
+struct fg_stream {
+    uint32_t in_use;
+    uint32_t count;    /* pending kernels (queued + running) */
+    uint32_t head;     /* first qent */
+    uint32_t nent;     /* qents used */
+    uint64_t progress; /* ns already executed of the head kernel */
+    uint64_t pending_ns;
+    struct fg_qent q[FG_QENT];
+};
+
+struct fg_pdev { /* one process on one device */
+    uint64_t mem_device;       /* cuMemAlloc*, pitch, arrays, VMM handles, pool reservations */
+    uint64_t mem_managed_dev;  /* managed allocations resident on the device */
+    uint64_t mem_managed_host; /* managed allocations that did not fit (host-resident) */
+    uint32_t contexts;         /* each costs devcfg.context_overhead */
+    uint32_t rr_stream;        /* stream that runs during this process's slice */
+    uint64_t exec_ns;          /* ground truth: kernel time executed on the device */
+    uint64_t launched, completed;
+    struct fg_stream streams[FG_MAX_STREAMS];
+    struct fg_period periods[FG_RING];
+};
+
+struct fg_slot {
+    uint32_t state;
+    int32_t pid;          /* in its own pid namespace */
+    uint64_t pidns;       /* inode of /proc/self/ns/pid */
+    uint64_t start_time;  /* /proc/self/stat field 22 (clock ticks after boot) */
+    int32_t host_pid;     /* cached by a resolver in the initial pid namespace, 0 if unknown */
+    uint32_t pad;
+    uint64_t generation;  /* bumped at every registration */
+    char comm[16];
+    struct fg_pdev dev[FG_MAX_DEV];
+};
+
+struct fg_xid {
+    uint64_t seq;
+    uint64_t xid;
+    uint64_t time_ns;
+};
+
+struct fg_devstate {
+    uint32_t lost;
+    uint32_t cur_slot; /* slot whose slice runs now, FG_MAX_SLOTS if none */
+    uint64_t sim_time; /* CLOCK_MONOTONIC ns the simulation has advanced to */
+    uint64_t slice_left;
+    uint64_t busy_ns;  /* total executed kernel time */
+    uint64_t xid_seq;  /* number of XIDs injected so far */
+    struct fg_xid xids[FG_XID_RING];
+    struct fg_period periods[FG_RING];
+};
+
+struct fg_header {
+    uint64_t magic; /* written last, after the rest is initialised */
+    uint32_t version;
+    uint32_t size;
+    uint32_t ndev;
+    uint32_t queue_depth;     /* per stream, launches block beyond it */
+    uint64_t timeslice_ns;    /* time-slice between processes on a device */
+    uint64_t period_ns;       /* utilisation sample period */
+    uint64_t util_window_ns;  /* window of nvmlDeviceGetUtilizationRates */
+    int64_t real_minus_mono;  /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation, ns */
+    uint64_t created_ns;      /* CLOCK_REALTIME */
+    uint64_t generation;
+    char driver_version[32];  /* NVML system driver version, e.g. "580.65.06" */
+    int32_t cuda_version;     /* cuDriverGetVersion, e.g. 13000 */
+    uint32_t pad;
+};
+
+struct fg_state {
+    struct fg_header h;
+    struct fg_devcfg cfg[FG_MAX_DEV];
+    struct fg_devstate ds[FG_MAX_DEV];
+    struct fg_slot slots[FG_MAX_SLOTS];
+};
+
+/* Whole-node configuration (parsed from FAKEGPU_CONFIG). */
+struct fg_config {
+    uint32_t ndev;
+    uint32_t queue_depth;
+    uint64_t timeslice_ns;
+    uint64_t period_ns;
+    uint64_t util_window_ns;
+    char driver_version[32];
+    int32_t cuda_version;
+    struct fg_devcfg dev[FG_MAX_DEV];
+};
+
+/* fg_config.c */
+void fg_config_defaults(struct fg_config *c);
+/* Parses path (NULL: defaults only). Returns 0, or -1 with a message in err. */
+int fg_config_load(const char *path, struct fg_config *c, char *err, size_t errlen);
+int fg_parse_busid(const char *s, unsigned *domain, unsigned *bus, unsigned *dev, unsigned *fn);
+int fg_uuid_bytes(const char *uuid, unsigned char out[16]);
+
+/* fg_state.c */
+struct fg_handle {
+    struct fg_state *st;
+    int fd;
+    int slot; /* this process's slot, -1 if none */
+};
+
+extern struct fg_handle fg_g;
+
+const char *fg_state_path(void);
+/* Opens (creating from the config if the file is empty) and maps the state.  0 or -1 (message
+ * printed on stderr unless quiet). */
+int fg_open(int quiet);
+/* Recreates the state from the config (fakegpu-ctl init --force). */
+int fg_reset(void);
+void fg_lock(void);
+void fg_unlock(void);
+/* Registers this process in a slot (holding its liveness lock).  Call with the lock held. */
+int fg_register(void);
+/* Reclaims the slots of dead processes.  Call with the lock held. */
+void fg_reap(void);
+int fg_slot_alive(int slot);
+uint64_t fg_now(void); /* CLOCK_MONOTONIC ns */
+uint64_t fg_dev_used(const struct fg_state *st, int dev);
+uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev);
+void fg_release_slot(struct fg_state *st, int slot);
+void fg_atfork_child(void);
+
+/* fg_sim.c: the kernel model.  All with the lock held. */
+void fg_sim_advance(struct fg_state *st, int dev, uint64_t now);
+void fg_sim_advance_all(struct fg_state *st, uint64_t now);
+/* Queues n kernels of dur ns on (slot, dev, stream).  Returns 0, or 1 if the queue is full. */
+int fg_sim_enqueue(struct fg_state *st, int slot, int dev, int stream, uint64_t dur);
+void fg_sim_drop(struct fg_state *st, int slot, int dev, int stream); /* discard a stream's queue */
+uint64_t fg_sim_pending_ns(const struct fg_state *st, int slot, int dev, int stream); /* stream -1: all */
+uint32_t fg_sim_pending(const struct fg_state *st, int slot, int dev, int stream);
+int64_t fg_ts_us(const struct fg_state *st, uint64_t mono_ns);
+
+/* fg_pid.c: pid namespaces. */
+uint64_t fg_self_pidns(void);
+uint64_t fg_proc_start_time(int pid); /* 0 if unknown */
+/* The pid of slot s as seen by the caller, 0 if it is not visible to the caller. */
+int fg_visible_pid(struct fg_state *st, int slot);
+void fg_pid_cache_reset(void);
+
+#endif

@@ -1,0 +1,286 @@
+/* fakegpu libnvidia-ml: running processes and utilisation.
+ *
+ * Processes: every live process with a context on the device, with the pid as the caller sees it
+ * (host pids from the host, fg_pid.c) and usedGpuMemory = its allocations + its contexts'
+ * simulated overhead.  Utilisation: the kernel model credits executed time to periods of
+ * period_ns; each finished period with non-zero use is one sample (timeStamp = the period's end,
+ * CLOCK_REALTIME µs; smUtil = percent of the period).  lastSeenTimeStamp returns only newer
+ * samples; none: NVML_ERROR_NOT_FOUND (nvml.h).  Samples of a process that is gone are gone.
+ */
+#include "fg_nvml.h"
+
+#include <pthread.h>
+#include <string.h>
+
+typedef struct { /* nvmlProcessInfo_v1_t, 16 B */
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+} fg_proc_v1;
+
+typedef struct { /* nvmlProcessInfo_t (v2), used by _v2 and _v3, 24 B */
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+    unsigned gpuInstanceId, computeInstanceId;
+} fg_proc_v2;
+
+typedef struct { /* nvmlProcessUtilizationSample_t, 32 B */
+    unsigned pid;
+    unsigned long long timeStamp;
+    unsigned smUtil, memUtil, encUtil, decUtil;
+} fg_util_sample;
+
+typedef struct { /* nvmlProcessUtilizationInfo_v1_t, 40 B */
+    unsigned long long timeStamp;
+    unsigned pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} fg_util_info;
+
+typedef struct { /* nvmlProcessesUtilizationInfo_v1_t, 24 B */
+    unsigned version, processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    fg_util_info *procUtilArray;
+} fg_utils_info;
+
+_Static_assert(sizeof(fg_proc_v1) == 16, "v1 size");
+_Static_assert(sizeof(fg_proc_v2) == 24, "v2 size");
+_Static_assert(sizeof(fg_util_sample) == 32, "sample size");
+_Static_assert(sizeof(fg_util_info) == 40, "util info size");
+_Static_assert(sizeof(fg_utils_info) == 24, "utils info size");
+
+struct row {
+    unsigned pid;
+    uint64_t mem;
+};
+
+static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
+{
+    int i;
+    nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
+    if (rc)
+        return rc;
+    struct fg_state *st = fg_g.st;
+    *n = 0;
+    fg_lock();
+    fg_reap();
+    for (int s = 0; s < FG_MAX_SLOTS; s++) {
+        if (st->slots[s].state != FG_SLOT_LIVE || st->slots[s].dev[i].contexts == 0)
+            continue;
+        int pid = fg_visible_pid(st, s);
+        if (pid <= 0)
+            continue;
+        rows[*n].pid = (unsigned)pid;
+        rows[*n].mem = fg_pdev_used(st, s, i);
+        (*n)++;
+    }
+    fg_unlock();
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t procs(nvmlDevice_t d, unsigned *count, void *infos, int v1)
+{
+    struct row rows[FG_MAX_SLOTS];
+    unsigned n;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = collect(d, rows, &n);
+    if (rc)
+        return rc;
+    if (*count < n || (!infos && n > 0)) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned k = 0; k < n; k++) {
+        if (v1) {
+            fg_proc_v1 *p = &((fg_proc_v1 *)infos)[k];
+            memset(p, 0, sizeof(*p));
+            p->pid = rows[k].pid;
+            p->usedGpuMemory = rows[k].mem;
+        } else {
+            fg_proc_v2 *p = &((fg_proc_v2 *)infos)[k];
+            memset(p, 0, sizeof(*p));
+            p->pid = rows[k].pid;
+            p->usedGpuMemory = rows[k].mem;
+            p->gpuInstanceId = p->computeInstanceId = NVML_NO_INSTANCE;
+        }
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *count, fg_proc_v2 *infos)
+{
+    return procs(d, count, infos, 0);
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned *count, fg_proc_v2 *infos)
+{
+    return procs(d, count, infos, 0);
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned *count, fg_proc_v1 *infos)
+{
+    return procs(d, count, infos, 1);
+}
+
+static nvmlReturn_t no_procs(nvmlDevice_t d, unsigned *count)
+{
+    int i;
+    nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
+    if (rc)
+        return rc;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned *count, void *infos)
+{
+    (void)infos;
+    return no_procs(d, count);
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *count, void *infos)
+{
+    (void)infos;
+    return no_procs(d, count);
+}
+
+/* --- utilisation ------------------------------------------------------------------------ */
+
+#define MAX_SAMPLES (FG_MAX_SLOTS * FG_RING)
+
+struct sample {
+    unsigned pid;
+    uint64_t ts;
+    unsigned sm;
+};
+
+static struct sample g_buf[MAX_SAMPLES];
+static pthread_mutex_t g_bmu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Fills g_buf (caller holds g_bmu) with the samples newer than last; returns the count. */
+static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n)
+{
+    int i;
+    nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
+    if (rc)
+        return rc;
+    struct fg_state *st = fg_g.st;
+    *n = 0;
+    fg_lock();
+    fg_reap();
+    uint64_t now = fg_now();
+    fg_sim_advance(st, i, now);
+    uint64_t P = st->h.period_ns;
+    uint64_t done = now / P; /* periods < done are finished */
+    for (int s = 0; s < FG_MAX_SLOTS; s++) {
+        if (st->slots[s].state != FG_SLOT_LIVE)
+            continue;
+        const struct fg_pdev *p = &st->slots[s].dev[i];
+        int pid = -1;
+        for (int k = 0; k < FG_RING; k++) {
+            const struct fg_period *e = &p->periods[k];
+            if (e->busy == 0 || e->idx >= done || e->idx + FG_RING <= done)
+                continue;
+            int64_t ts = fg_ts_us(st, (e->idx + 1) * P);
+            if (ts <= 0 || (unsigned long long)ts <= last)
+                continue;
+            if (pid < 0)
+                pid = fg_visible_pid(st, s);
+            if (pid <= 0)
+                break;
+            unsigned sm = (unsigned)((e->busy * 100 + P / 2) / P);
+            g_buf[*n] = (struct sample){(unsigned)pid, (uint64_t)ts, sm > 100 ? 100 : sm};
+            (*n)++;
+        }
+    }
+    fg_unlock();
+    return NVML_SUCCESS;
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, fg_util_sample *out, unsigned *count,
+                                                    unsigned long long last)
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n;
+    pthread_mutex_lock(&g_bmu);
+    nvmlReturn_t rc = gather(d, last, &n);
+    if (rc == NVML_SUCCESS) {
+        if (n == 0) {
+            rc = NVML_ERROR_NOT_FOUND;
+        } else if (!out || *count < n) {
+            *count = n;
+            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        } else {
+            for (unsigned k = 0; k < n; k++)
+                out[k] = (fg_util_sample){g_buf[k].pid, g_buf[k].ts, g_buf[k].sm, 0, 0, 0};
+            *count = n;
+        }
+    }
+    pthread_mutex_unlock(&g_bmu);
+    return rc;
+}
+
+#define UTILS_INFO_V1 (unsigned)(sizeof(fg_utils_info) | (1u << 24))
+
+FG_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, fg_utils_info *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != UTILS_INFO_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned n;
+    pthread_mutex_lock(&g_bmu);
+    nvmlReturn_t rc = gather(d, info->lastSeenTimeStamp, &n);
+    if (rc == NVML_SUCCESS) {
+        if (n == 0) {
+            rc = NVML_ERROR_NOT_FOUND;
+        } else if (!info->procUtilArray || info->processSamplesCount < n) {
+            info->processSamplesCount = n;
+            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        } else {
+            for (unsigned k = 0; k < n; k++)
+                info->procUtilArray[k] = (fg_util_info){g_buf[k].ts, g_buf[k].pid, g_buf[k].sm, 0, 0, 0, 0, 0};
+            info->processSamplesCount = n;
+        }
+    }
+    pthread_mutex_unlock(&g_bmu);
+    return rc;
+}
+
+typedef struct {
+    unsigned gpu, memory;
+} fg_utilization;
+
+/* gpu: percent of the last util_window_ns (whole finished periods) in which a kernel ran. */
+FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fg_utilization *u)
+{
+    int i;
+    if (!u)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
+    if (rc)
+        return rc;
+    struct fg_state *st = fg_g.st;
+    fg_lock();
+    uint64_t now = fg_now();
+    fg_sim_advance(st, i, now);
+    uint64_t P = st->h.period_ns, done = now / P;
+    uint64_t k = st->h.util_window_ns / P;
+    if (k < 1)
+        k = 1;
+    if (k > FG_RING - 1)
+        k = FG_RING - 1;
+    uint64_t busy = 0;
+    for (uint64_t j = done - k; j < done; j++) {
+        const struct fg_period *e = &st->ds[i].periods[j % FG_RING];
+        if (e->idx == j)
+            busy += e->busy;
+    }
+    fg_unlock();
+    uint64_t pct = (busy * 100 + k * P / 2) / (k * P);
+    u->gpu = (unsigned)(pct > 100 ? 100 : pct);
+    u->memory = 0;
+    return NVML_SUCCESS;
+}

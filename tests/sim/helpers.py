@@ -1,0 +1,58 @@
+"""Helpers for the simulator tests: run Python snippets against the fake driver in a child."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+from tests.fakegpu.harness import FakeGPU
+
+# A ctypes prelude for child processes: `cu` is the fake libcuda, `nv` pynvml.
+CUDA_PRELUDE = """
+import ctypes, json, os, sys, time
+cu = ctypes.CDLL("libcuda.so.1")
+def ck(rc, what=""):
+    if rc != 0:
+        raise SystemExit(f"CUDA error {rc} in {what}")
+def ctx(dev=0):
+    ck(cu.cuInit(0), "cuInit")
+    c = ctypes.c_void_p()
+    ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev), "retain")
+    ck(cu.cuCtxSetCurrent(c), "set current")
+    return c
+def alloc(n):
+    p = ctypes.c_ulonglong()
+    rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n))
+    return rc, p.value
+def meminfo():
+    f, t = ctypes.c_size_t(), ctypes.c_size_t()
+    ck(cu.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t)), "meminfo")
+    return f.value, t.value
+"""
+
+
+def py(gpu: FakeGPU, code: str, timeout: float = 60) -> Any:
+    """Runs code (after CUDA_PRELUDE) in a child Python; returns the JSON it prints last."""
+    src = CUDA_PRELUDE + textwrap.dedent(code)
+    proc = gpu.run([sys.executable, "-c", src], timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return json.loads(lines[-1]) if lines else None
+
+
+def popen_py(gpu: FakeGPU, code: str) -> subprocess.Popen[str]:
+    src = CUDA_PRELUDE + textwrap.dedent(code)
+    return gpu.popen([sys.executable, "-u", "-c", src], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def read_json_line(proc: subprocess.Popen[str]) -> Any:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        err = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"child ended without output: {err}")
+    return json.loads(line)
