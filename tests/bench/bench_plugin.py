@@ -47,11 +47,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start_node(tmp: Path) -> tuple[object, dict[str, str]]:
-    from tests.fakegpu import harness  # type: ignore[attr-defined]
+    from tests.fakegpu import harness
 
     subprocess.run(["make", "-s", "-C", str(ROOT), "build-all"], check=True)
-    node = harness.FakeGPU(tmp / "fakegpu", ROOT / "build")
-    node.configure(harness.default_devices(GPUS) if hasattr(harness, "default_devices") else GPUS)
+    node = harness.FakeGPU(tmp / "fakegpu", ROOT / "build", gpus=GPUS)
     return node, dict(node.env)
 
 
@@ -60,7 +59,7 @@ def main() -> int:
         tmp = Path(d)
         node, env = start_node(tmp)
         kubelet = FakeKubelet(tmp / "kubelet").start()
-        log = open(tmp / "plugin.log", "wb")  # noqa: SIM115
+        log = open(tmp / "plugin.log", "wb")
         proc = subprocess.Popen(
             [
                 sys.executable, "-m", "device_plugin",
