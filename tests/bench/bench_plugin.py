@@ -60,15 +60,16 @@ def main() -> int:
         node, env = start_node(tmp)
         kubelet = FakeKubelet(tmp / "kubelet").start()
         log = open(tmp / "plugin.log", "wb")
+        argv = [
+            sys.executable, "-m", "device_plugin",
+            "--config", str(tmp / "none.toml"),
+            "--state-dir", str(tmp / "state"),
+            "--kubelet-dir", str(tmp / "kubelet"),
+            "--device-split-count", str(SPLIT),
+            "--record-gc-interval-s", "3600",
+        ]  # fmt: skip
         proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "device_plugin",
-                "--config", str(tmp / "none.toml"),
-                "--state-dir", str(tmp / "state"),
-                "--kubelet-dir", str(tmp / "kubelet"),
-                "--device-split-count", str(SPLIT),
-                "--record-gc-interval-s", "3600",
-            ],
+            argv,
             cwd=ROOT,
             env={**os.environ, **env},
             stdout=log,

@@ -117,6 +117,12 @@ def test_signals_restart_and_stop(plugin, kubelet: FakeKubelet, tmp_path: Path) 
     kubelet.wait_endpoint(timeout=30)
     assert p.proc is not None and p.proc.poll() is None
     assert p.stop(signal.SIGTERM) == 0
+    log = p.log()
+    assert log.count("registered with kubelet") == 2
+    assert log.count("restarting plugin server reason=SIGHUP") == 1
+    (line,) = [x for x in log.splitlines() if " allocated devices=" in x]
+    assert a.device_ids[0] in line and f"token={a.envs[TOKEN_ENV][:8]}" in line
+    assert a.envs[TOKEN_ENV] not in line, "the full token is a capability: never logged"
     sock = Path(kubelet.device_plugins_dir) / "vgpu.sock"
     assert not sock.exists(), "socket removed on SIGTERM"
     # a new plugin process: the record is still there, untouched
