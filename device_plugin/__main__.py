@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from device_plugin.registration import valid_resource_name
 from vgpu import __version__, nvml
 from vgpu.config import ConfigError, DevicePluginConfig, config_path_from_env, load_config
 from vgpu.log import setup_logging
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {_field_to_option(str(e))}", file=sys.stderr)
         return 2
     dp = cfg.device_plugin
-    if "/" not in dp.resource_name or dp.resource_name.startswith("kubernetes.io/"):
+    if not valid_resource_name(dp.resource_name):
         print(
             f"{PROG}: invalid --resource-name {dp.resource_name!r}: must be a domain-prefixed extended resource name",
             file=sys.stderr,
@@ -140,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _hup)
     try:
         return daemon.run()
+    except OSError as e:  # state or kubelet directory not usable
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
     finally:
         nvml.shutdown()
 

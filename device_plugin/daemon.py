@@ -82,6 +82,7 @@ class Daemon:
         self.registered = False
         self.restarts = 0
         self._podres_warned = False
+        self._register_failed = False
 
     # --- supervisor -----------------------------------------------------------
     def _service_args(self) -> dict:
@@ -115,9 +116,14 @@ class Daemon:
         try:
             register(self.where.kubelet_socket, self.cfg.socket_name, self.cfg.resource_name)
         except RegistrationError as e:
-            log.warning(kv("registration failed", kubelet=self.where.kubelet_socket, error=e))
+            # Retried every 2 s: warn once per outage, not on every attempt.
+            (log.debug if self._register_failed else log.warning)(
+                kv("registration failed, will retry", kubelet=self.where.kubelet_socket, error=e)
+            )
+            self._register_failed = True
             return False
         self.registered = True
+        self._register_failed = False
         log.warning(
             kv(
                 "registered with kubelet",

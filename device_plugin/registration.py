@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 from device_plugin.api import deviceplugin_pb2 as pb
@@ -12,6 +14,21 @@ API_VERSION = "v1beta1"
 
 class RegistrationError(RuntimeError):
     pass
+
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def valid_resource_name(name: str) -> bool:
+    """An extended resource name kubelet accepts: `<dns-subdomain>/<name>`, not in
+    the kubernetes.io domain, not `requests.*` (v1helper.IsExtendedResourceName)."""
+    domain, sep, rest = name.partition("/")
+    if not sep or name.startswith("requests."):
+        return False
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        return False
+    return len(domain) <= 253 and bool(_DNS_SUBDOMAIN.match(domain)) and len(rest) <= 63 and bool(_NAME.match(rest))
 
 
 def register(kubelet_socket: str, endpoint: str, resource_name: str, timeout: float = 5.0) -> None:

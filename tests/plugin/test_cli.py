@@ -20,6 +20,8 @@ from tests.plugin.conftest import run_cli
         (["--device-cores-scaling", "0"], "--device-cores-scaling"),
         (["--allocation-policy", "random"], "--allocation-policy"),
         (["--resource-name", "gpu"], "--resource-name"),
+        (["--resource-name", "kubernetes.io/gpu"], "--resource-name"),
+        (["--resource-name", "Example.com/gpu"], "--resource-name"),
         (["--socket-name", "a/b.sock"], "--socket-name"),
         (["--log-level", "loud"], "--log-level"),
         (["--no-such-flag"], "--no-such-flag"),

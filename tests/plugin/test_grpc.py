@@ -238,3 +238,20 @@ def test_plugin_started_before_kubelet(tmp_path: Path, inproc) -> None:
         reg = k.wait_registration(timeout=20)
         assert reg.resource_name == "nvidia.com/gpu"
         assert len(k.wait_endpoint().devices()) == 4
+
+
+def test_registration_refused_by_kubelet_is_retried_quietly(
+    kubelet: FakeKubelet, inproc, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import device_plugin.daemon as daemon_mod
+
+    monkeypatch.setattr(daemon_mod, "_REGISTER_RETRY_S", 0.2)
+    caplog.set_level(logging.DEBUG, logger="device_plugin")
+    inproc(resource_name="kubernetes.io/gpu")  # native name: kubelet refuses it
+    deadline = time.monotonic() + 20
+    while len(kubelet.rejected) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(kubelet.rejected) >= 3 and kubelet.registrations == []
+    assert "kubernetes.io/gpu" in kubelet.rejected[0][1]
+    warnings = [r for r in caplog.records if "registration failed" in r.getMessage() and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1

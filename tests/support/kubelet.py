@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import threading
 import time
@@ -247,11 +248,21 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
         return self.kubelet._list_pod_resources()
 
 
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
 def _valid_resource_name(name: str) -> bool:
-    # v1helper.IsExtendedResourceName: domain-prefixed, not kubernetes.io/, not requests.*
+    # kubelet: v1helper.IsExtendedResourceName — `<dns subdomain>/<name>`, not the
+    # kubernetes.io domain (native resources), not `requests.*`.
     domain, sep, rest = name.partition("/")
-    return bool(sep and domain and rest and "." in domain) and not (
-        domain == "kubernetes.io" or domain.endswith(".kubernetes.io") or name.startswith("requests.")
+    if not sep or name.startswith("requests.") or domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        return False
+    return (
+        len(domain) <= 253
+        and bool(_DNS_SUBDOMAIN.match(domain))
+        and len(rest) <= 63
+        and bool(_QUALIFIED_NAME_PART.match(rest))
     )
 
 
@@ -373,9 +384,12 @@ class FakeKubelet:
         at = time.monotonic()
         err = None
         if request.version not in SUPPORTED_VERSIONS:
-            err = f"Unsupported version {request.version!r}"
+            err = (
+                f'requested API version "{request.version}" is not supported by kubelet. '
+                f'Supported versions are ["{SUPPORTED_VERSIONS[0]}"]'
+            )
         elif not _valid_resource_name(request.resource_name):
-            err = f"invalid name of device plugin socket: {request.resource_name!r}"
+            err = f'the ResourceName "{request.resource_name}" is invalid'
         if err is not None:
             with self._cond:
                 self.rejected.append((request, err))
