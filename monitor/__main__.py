@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     mon = Monitor(cfg.monitor, cfg.paths, log_level=cfg.common.log_level)
 
     def on_signal(signum: int, frame: object) -> None:
-        mon.stopping.set()
+        mon.stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

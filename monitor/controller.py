@@ -51,6 +51,7 @@ class ControlParams:
     gain_far: float = 1.0  # used while |error| > far_pp: reach the target fast, then settle gently
     far_pp: float = 20.0
     max_step: float = 0.3
+    max_step_far: float = 0.6  # step limit while far from the target
     d_min: float = 0.02
     deadband_pp: float = 0.5
 
@@ -82,9 +83,11 @@ def next_duty(d: float, target: float, util: float, p: ControlParams) -> float:
         return 1.0 if d >= 1.0 - 1e-9 else min(1.0, d * (1 + p.max_step))
     if abs(util - target) <= p.deadband_pp:
         return d
-    gain = p.gain_far if abs(util - target) > p.far_pp else p.gain
+    far = abs(util - target) > p.far_pp
+    gain = p.gain_far if far else p.gain
+    step = p.max_step_far if far else p.max_step
     ratio = (target / max(util, 0.5)) ** gain
-    ratio = min(1 + p.max_step, max(1 - p.max_step, ratio))
+    ratio = min(1 + step, max(1 - step, ratio))
     return min(1.0, max(p.d_min, d * ratio))
 
 

@@ -41,6 +41,70 @@ SCAN_INTERVAL_S = 1.0
 REGION_INTERVAL_S = 1.0
 STATUS_INTERVAL_S = 1.0
 EXTRA_WRITE_THRESHOLD = 1 << 20
+NVML_HANG_S = 2.0
+
+
+class NvmlWorker:
+    """Runs `source.observe()` on a thread of its own, one call at a time.
+
+    NVML calls can hang (a GPU falling off the bus, a driver in trouble, or any
+    lock another process holds — including a process we stopped).  The main loop
+    never waits on NVML: it keeps resuming processes on time, and after
+    NVML_HANG_S without an answer it resumes everything."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.busy = False
+        self.since = 0.0
+        self._req = threading.Event()
+        self._done = threading.Event()
+        self._result: tuple[Any, float] | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="nvml", daemon=True)
+
+    def start(self) -> None:
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def request(self) -> None:
+        self.busy = True
+        self.since = time.monotonic()
+        self._req.set()
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until `timeout` passes or an observation is done."""
+        self._done.wait(timeout)
+
+    def take(self) -> tuple[Any, float] | None:
+        if not self._done.is_set():
+            return None
+        self._done.clear()
+        r, self._result = self._result, None
+        if r is None:  # woken by stop(), not by a result
+            return None
+        self.busy = False
+        return r
+
+    def wake(self) -> None:
+        self._done.set()
+
+    def close(self) -> None:
+        self._closing = True
+        self._req.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._req.wait()
+            self._req.clear()
+            if self._closing:
+                return
+            t0 = time.perf_counter()
+            try:
+                result: Any = self.source.observe()
+            except Exception as e:  # handed to the main loop, which counts and logs it
+                result = e
+            self._result = (result, time.perf_counter() - t0)
+            self._done.set()
 
 
 @dataclass
@@ -96,6 +160,8 @@ class Monitor:
         self.gc_interval = max(0.5, min(5.0, cfg.gc_grace_s / 2 if cfg.gc_grace_s > 0 else 0.5))
         self._next = {"observe": 0.0, "scan": 0.0, "region": 0.0, "status": 0.0, "gc": 0.0}
         self.stopping = threading.Event()
+        self.worker = NvmlWorker(self.source)
+        self.nvml_hung = False
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -112,35 +178,66 @@ class Monitor:
             pass
         self.write_status(time.monotonic(), running=False)
 
+    def stop(self) -> None:
+        """Ask run() to return (signal-handler safe)."""
+        self.stopping.set()
+        self.worker.wake()
+
     def run(self) -> None:
-        while not self.stopping.is_set():
-            wake = self.step(time.monotonic())
-            delay = wake - time.monotonic()
-            if delay > 0:
-                self.stopping.wait(delay)
+        self.worker.start()
+        try:
+            while not self.stopping.is_set():
+                wake = self.step(time.monotonic())
+                delay = wake - time.monotonic()
+                if delay > 0:
+                    self.worker.wait(delay)
+        finally:
+            self.worker.close()
 
     # -- one iteration -----------------------------------------------------
     def step(self, now: float) -> float:
+        """Process a finished observation, request the next one, actuate; returns the next wake-up."""
         nx = self._next
-        if now >= nx["observe"]:
+        done = self.worker.take()
+        if done is not None:
+            result, nvml_s = done
             t0 = time.perf_counter()
             try:
-                self.observe(now)
+                if isinstance(result, BaseException):
+                    raise result
+                self.observe(now, result)
             except Exception as e:  # the loop must survive anything; count and log it
                 self.errors["loop"] += 1
                 log.exception(kv("monitor loop error", error=e))
-            self.loop_seconds = time.perf_counter() - t0
+            self.loop_seconds = nvml_s + time.perf_counter() - t0
             if self.loop_hist is not None:
                 self.loop_hist.observe(self.loop_seconds)
+            self.nvml_hung = False
+        if now >= nx["observe"] and not self.worker.busy:
+            self.worker.request()
             nx["observe"] = max(nx["observe"] + self.period, now + self.period / 4)
+        if self.worker.busy and now - self.worker.since > NVML_HANG_S and not self.nvml_hung:
+            # NVML has not answered for seconds: assume nothing about the GPUs and let everything run
+            self.nvml_hung = True
+            self.errors["nvml_hang"] += 1
+            log.warning(
+                kv("NVML call hanging; resuming every suspended process", seconds=round(now - self.worker.since, 1))
+            )
+            for g in self.gpus.values():
+                g.members, g.duty = {}, {}
         try:
             self.actuate(now)
         except Exception as e:
             self.errors["actuate"] += 1
             log.exception(kv("actuation error", error=e))
-        return min(nx["observe"], self.next_edge(now))
+        wake = self.next_edge(now)
+        if not self.worker.busy:
+            wake = min(wake, nx["observe"])
+        elif self.worker.since + NVML_HANG_S > now:
+            wake = min(wake, self.worker.since + NVML_HANG_S)
+        return wake
 
-    def observe(self, now: float) -> None:
+    def observe(self, now: float, observations: list[GpuObs]) -> None:
         nx = self._next
         if now >= nx["scan"]:
             self.containers = self.registry.scan()
@@ -152,7 +249,6 @@ class Monitor:
             for c in self.containers.values():
                 self.registry.read_region(c)
             nx["region"] = now + REGION_INTERVAL_S
-        observations = self.source.observe()
         live: set[ProcKey] = set()
         for obs in observations:
             g = self.gpus.get(obs.uuid)

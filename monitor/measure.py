@@ -29,6 +29,7 @@ class UtilWindow:
         self.window_us = int(window_s * 1e6)
         self.samples: dict[int, deque[tuple[int, float]]] = {}  # pid -> (ts, sm * weight_us)
         self.last_ts: dict[int, int] = {}
+        self.first_ts: dict[int, int] = {}  # start of the first period seen for a pid
         self.gaps: deque[int] = deque(maxlen=64)
         self.newest = 0
         self.newest_at = 0.0  # monotonic seconds when `newest` arrived
@@ -52,6 +53,7 @@ class UtilWindow:
             else:
                 weight = self.typical_gap()
             self.last_ts[s.pid] = s.ts
+            self.first_ts.setdefault(s.pid, s.ts - weight)
             self.samples.setdefault(s.pid, deque()).append((s.ts, s.sm * weight))
             if s.ts > self.newest:
                 self.newest = s.ts
@@ -69,10 +71,13 @@ class UtilWindow:
         q = self.samples.get(pid)
         if not q:
             return 0.0
-        lo = self.end(now) - self.window_us
+        end = self.end(now)
+        lo = end - self.window_us
         while q and q[0][0] <= lo:
             q.popleft()
-        return sum(v for _, v in q) / self.window_us
+        # a process seen for less than the window is measured over the time it was seen
+        span = max(self.typical_gap(), min(self.window_us, end - self.first_ts.get(pid, lo)))
+        return sum(v for _, v in q) / span
 
     def full(self, now: float) -> bool:
         """True once the window has been observed for its whole length."""
@@ -83,3 +88,4 @@ class UtilWindow:
             if pid not in pids:
                 del self.samples[pid]
                 self.last_ts.pop(pid, None)
+                self.first_ts.pop(pid, None)

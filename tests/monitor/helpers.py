@@ -146,3 +146,103 @@ class ScriptedSource:
 
     def close(self) -> None:
         pass
+
+
+class Gated:
+    """A workload whose pid and start time exist before it runs: `sh` waits for a line on
+    stdin, then execs the workload (same pid, same start time).  Lets a test create the
+    container's state directory (init_pid = this pid) before the workload touches the GPU."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], procs: Procs | None = None, **kw) -> None:
+        script = 'read _go; exec "$@"'
+        kw.setdefault("stdout", subprocess.DEVNULL)
+        full = ["sh", "-c", script, "sh", *argv]
+        if procs is not None:
+            self.proc = procs.spawn(full, stdin=subprocess.PIPE, env=env, **kw)
+        else:
+            self.proc = subprocess.Popen(full, stdin=subprocess.PIPE, env=env, **kw)
+        self.pid = self.proc.pid
+        self.released_at: float | None = None
+
+    def release(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+        self.proc.stdin.close()
+        self.released_at = time.monotonic()
+
+    def kill(self) -> None:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(self.pid, sig)
+            except OSError:
+                pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def exec_ns(gpu_state: dict, device: int = 0) -> dict[int, int]:
+    """Executed kernel time per host pid on a device, from FakeGPU.state()."""
+    out: dict[int, int] = {}
+    for p in gpu_state.get("processes", []):
+        for d in p.get("devices", []):
+            if d.get("index") == device:
+                out[int(p["host_pid"])] = out.get(int(p["host_pid"]), 0) + int(d.get("exec_ns", 0))
+    return out
+
+
+class MonitorProc:
+    """`vgpu-monitor` as a real subprocess (python -m monitor) on a simulated node."""
+
+    def __init__(self, state_dir: Path, env: dict[str, str], *args: str, procs: Procs | None = None) -> None:
+        import sys
+
+        self.state_dir = Path(state_dir)
+        self.status_path = self.state_dir / "monitor" / "status.json"
+        argv = [sys.executable, "-m", "monitor", "--state-dir", str(state_dir), "--metrics-address", "127.0.0.1"]
+        if not any(a.startswith("--metrics-port") for a in args):
+            argv += ["--metrics-port", "0"]
+        env = dict(env)
+        env.pop("VGPU_CONFIG", None)
+        env["VGPU_CONFIG"] = str(self.state_dir / "no-config.toml")  # defaults + flags only
+        self.proc = (procs.spawn if procs else subprocess.Popen)([*argv, *args], env=env)  # type: ignore[operator]
+        self.pid = self.proc.pid
+
+    def status(self) -> dict | None:
+        import json
+
+        try:
+            data = json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if data.get("pid") == self.pid else None
+
+    def wait_ready(self, timeout: float = 30.0) -> dict:
+        assert wait_for(lambda: (self.status() or {}).get("guardian_armed") or self.proc.poll() is not None, timeout)
+        st = self.status()
+        assert st is not None and self.proc.poll() is None, "monitor did not start"
+        return st
+
+    def guardian_pid(self) -> int | None:
+        for line in Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split():
+            return int(line)
+        return None
+
+    def scrape(self) -> str:
+        import urllib.request
+
+        st = self.status() or {}
+        with urllib.request.urlopen(f"http://127.0.0.1:{st['metrics_port']}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

@@ -53,7 +53,8 @@ def test_duty_law_properties() -> None:
     p = ControlParams(policy="strict")
     assert next_duty(1.0, 100.0, 100.0, p) == 1.0
     # one step never moves more than max_step, never below d_min, never above 1
-    assert next_duty(1.0, 1.0, 100.0, p) == pytest.approx(1 - p.max_step)
+    assert next_duty(1.0, 1.0, 100.0, p) == pytest.approx(1 - p.max_step_far)
+    assert next_duty(1.0, 45.0, 50.0, p) >= 1 - p.max_step
     assert next_duty(p.d_min, 1.0, 100.0, p) == p.d_min
     assert next_duty(0.9, 50.0, 0.0, p) == 1.0
     # within the deadband nothing moves

@@ -54,7 +54,7 @@ def run_monitor(tmp_path: Path, procs: Procs) -> Iterator:
         yield start
     finally:
         for mon, t in started:
-            mon.stopping.set()
+            mon.stop()
             t.join(10)
             mon.close()
 
