@@ -26,7 +26,7 @@ $(BUILD)/intercept/stub/libcuda.so.1: tests/intercept/c/stubcuda.c
 	$(CC) $(CFLAGS_LIB) -shared -Wl,-soname,libcuda.so.1 -o $@ $<
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
-$(BUILD)/intercept/%: tests/intercept/c/%.c tests/intercept/c/common.c tests/intercept/c/common.h \
+$(BUILD)/intercept/%: tests/intercept/c/%.c $(INTERCEPT_TESTS_SRC) $(wildcard tests/intercept/c/*.h) \
                       $(BUILD)/intercept/stub/libcuda.so.1 libcuda_intercept/src/cuda_abi.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_PROG) -Ilibcuda_intercept/src -Ilibcuda_intercept/include -o $@ $< tests/intercept/c/common.c \
@@ -35,3 +35,9 @@ $(BUILD)/intercept/%: tests/intercept/c/%.c tests/intercept/c/common.c tests/int
 .PHONY: test-asan
 test-asan: venv build-all
 	VGPU_TEST_ASAN=1 $(PY) -m pytest -q tests/intercept -k 'not bench'
+
+# the library's own limits parser, standalone (cross-checked against vgpu/limits.py)
+$(BUILD)/intercept/limits_check: tests/intercept/c/limits_check.c libcuda_intercept/src/vlimits.c \
+                                 libcuda_intercept/src/vlimits.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_PROG) -Ilibcuda_intercept/src -o $@ $< libcuda_intercept/src/vlimits.c

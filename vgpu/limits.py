@@ -13,6 +13,7 @@ vgpuctl.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import msgspec
@@ -66,9 +67,24 @@ def parse(text: str) -> list[DeviceLimit]:
     out: list[DeviceLimit] = []
     for ln in lines[1:]:
         f = ln.split()
-        if len(f) != 4 or f[3] not in ("0", "1") or not f[1].isdigit() or not f[2].isdigit():
+        if (
+            len(f) != 4
+            or f[3] not in ("0", "1")
+            or not _UUID_RE.fullmatch(f[0])
+            or not _DIGITS_RE.fullmatch(f[1])
+            or not _DIGITS_RE.fullmatch(f[2])
+            or int(f[1]) >= 1 << 64
+            or int(f[2]) > 10_000
+        ):
             raise LimitsError(f"malformed device line {ln[:80]!r}")
+        if any(d.uuid.lower() == f[0].lower() for d in out):
+            raise LimitsError(f"duplicate device {f[0][:40]!r}")
         out.append(DeviceLimit(uuid=f[0], memory_limit=int(f[1]), core_percent=int(f[2]), oversubscribe=f[3] == "1"))
-    if len(out) > MAX_DEVICES:
-        raise LimitsError("too many devices")
+        if len(out) > MAX_DEVICES:
+            raise LimitsError("too many devices")
     return out
+
+
+# the C parser's rules (libcuda_intercept/src/vlimits.c): 1-95 of [A-Za-z0-9-], decimal digits
+_UUID_RE = re.compile(r"[A-Za-z0-9-]{1,95}")
+_DIGITS_RE = re.compile(r"[0-9]{1,20}")

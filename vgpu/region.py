@@ -262,12 +262,12 @@ F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
 
 __all__ = [
     "MAGIC",
-    "VERSION",
     "REGION_SIZE",
+    "VERSION",
+    "DeviceUsage",
     "RegionCorrupt",
     "RegionSnapshot",
     "SlotInfo",
-    "DeviceUsage",
     "initialise",
     "parse",
     "read_region",

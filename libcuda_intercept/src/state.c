@@ -51,9 +51,11 @@ static int g_devmap[MAX_ORDINALS];
 static uint64_t parse_size(const char *s, int *ok)
 {
     char *end;
+    *ok = 0;
+    if (*s < '0' || *s > '9') /* strtoull would accept "-1" as 2^64-1 */
+        return 0;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    *ok = 0;
     if (errno || end == s)
         return 0;
     unsigned long long mul = 1;

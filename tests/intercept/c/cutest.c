@@ -35,7 +35,7 @@ static CUmemoryPool pool;
 static CUdevice cur_dev;
 static CUfunction noop_fn;
 
-static const char noop_ptx[] = ".version 6.0\n.target sm_50\n.address_size 64\n.visible .entry vgpu_noop()\n{\n ret;\n}\n";
+static const char noop_ptx[] = ".version 6.0\n.target sm_50\n.address_size 64\n.visible .entry noop()\n{\n ret;\n}\n";
 
 static void usage(void)
 {
@@ -149,7 +149,7 @@ static void get_noop(void)
         return;
     CUmodule m;
     if (A.cuModuleLoadData(&m, noop_ptx) == CUDA_SUCCESS)
-        A.cuModuleGetFunction(&noop_fn, m, "vgpu_noop");
+        A.cuModuleGetFunction(&noop_fn, m, "noop");
 }
 
 static pid_t child_pid;
