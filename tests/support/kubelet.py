@@ -288,6 +288,7 @@ class FakeKubelet:
         self._endpoints: dict[str, PluginEndpoint] = {}
         self._assign = _Assign()
         self._cond = threading.Condition()
+        self._admit_lock = threading.Lock()
         self._server: grpc.Server | None = None
         self._pr_server: grpc.Server | None = None
 
@@ -466,6 +467,10 @@ class FakeKubelet:
 
         Raises InsufficientDevices, or grpc.RpcError when the plugin refuses.
         """
+        with self._admit_lock:  # kubelet admits pods one at a time
+            return self._admit(namespace, pod, container, count, resource_name)
+
+    def _admit(self, namespace: str, pod: str, container: str, count: int, resource_name: str) -> ContainerAllocation:
         ep = self.wait_endpoint(resource_name)
         used = self.allocated_ids(resource_name)
         available = [d for d in sorted(ep.healthy_ids()) if d not in used]
