@@ -74,9 +74,9 @@ def _setup_logging(cfg: object) -> None:
 
 
 def _fatal(msg: str) -> int:
-    line = "vgpu-hook: " + " ".join(msg.split())
+    line = "vgpu-hook: " + oci.oneline(msg, 2000)
     try:
-        sys.stderr.write(line[:2000] + "\n")
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass

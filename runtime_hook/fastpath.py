@@ -83,8 +83,23 @@ def _full(argv: list[str], **kw: object) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     cmd, opts = scan_argv(args)
+    if cmd not in ("prestart", "poststop"):
+        return _full(args)
+    try:
+        return _hook(cmd, args, opts)
+    except Exception as e:  # a bug: one line, never a bare traceback; fail closed only for vGPU containers
+        sys.stderr.write(f"vgpu-hook: internal error in {cmd}: {type(e).__name__}: {oci.oneline(str(e))}\n")
+        return 1 if cmd == "prestart" and _seen_token else 0
+
+
+_seen_token = True  # until stdin has been read and shows no token marker
+
+
+def _hook(cmd: str, args: list[str], opts: dict[str, str]) -> int:
+    global _seen_token
     if cmd == "prestart":
         data = _read_stdin()
+        _seen_token = oci.mentions_token(data)
         decision = oci.decide_prestart(data)
         if isinstance(decision, oci.Skip) and decision.log is None:
             return 0  # no token: the common case, untouched
@@ -99,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         if state_dir is not None and not os.path.lexists(os.path.join(state_dir, "containers", cid)):
             return 0  # not a vGPU container (or already cleaned)
         return _full(args, poststop_stdin=data)
-    return _full(args)
+    return _full(args)  # pragma: no cover - cmd is prestart or poststop
 
 
 if __name__ == "__main__":

@@ -36,6 +36,12 @@ class HookError(Exception):
     """A failure whose message is the one line the runtime shows the user."""
 
 
+def oneline(text: str, limit: int = 300) -> str:
+    """Untrusted text made fit for a one-line message: printable, collapsed, bounded."""
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return " ".join(text.split())[:limit]
+
+
 class _Malformed(ValueError):
     pass
 
@@ -72,7 +78,15 @@ def _make_loads() -> Any:
             i += 1
         try:
             obj, end = scan(text, i)
-        except StopIteration:
+        except RecursionError:
+            raise
+        except Exception:
+            # Error path only: the C scanner reports errors through json.decoder's
+            # JSONDecodeError and raises SystemError when that module is not
+            # loaded yet.  Let the json package produce the real message.
+            import json
+
+            json.loads(text)
             raise _Malformed(f"no JSON value at offset {i}") from None
         while end < n and text[end] in ws:
             end += 1
@@ -227,7 +241,7 @@ class Fail:
 _MARKERS = (TOKEN_ANNOTATION.encode(), TOKEN_ENV.encode())
 
 
-def _mentions_token(raw: bytes) -> bool:
+def mentions_token(raw: bytes) -> bool:
     return any(m in raw for m in _MARKERS)
 
 
@@ -242,7 +256,7 @@ def decide_prestart(stdin: bytes, read_spec: Any = read_spec_bytes) -> Proceed |
         state = parse_state(stdin)
     except _Malformed as e:
         msg = f"malformed OCI state on stdin: {e}"
-        return Fail(msg) if _mentions_token(stdin[:MAX_STATE_BYTES]) else Skip(msg)
+        return Fail(msg) if mentions_token(stdin[:MAX_STATE_BYTES]) else Skip(msg)
     ann_token = state.annotations.get(TOKEN_ANNOTATION)
     try:
         raw = read_spec(state.bundle)
@@ -254,7 +268,7 @@ def decide_prestart(stdin: bytes, read_spec: Any = read_spec_bytes) -> Proceed |
         spec = parse_spec(raw)
     except _Malformed as e:
         msg = f"malformed {state.bundle}/config.json: {e}"
-        return Fail(msg) if ann_token is not None or _mentions_token(raw) else Skip(msg)
+        return Fail(msg) if ann_token is not None or mentions_token(raw) else Skip(msg)
     try:
         token = find_token(state.annotations, spec)
     except HookError as e:

@@ -39,7 +39,7 @@ def load_record(p: vpaths.Paths, token: str) -> schemas.AllocationRecord:
     except OSError as e:
         raise HookError(f"cannot read vGPU allocation record {path}: {e.strerror}") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise HookError(f"malformed vGPU allocation record {path}: {e}") from None
+        raise HookError(f"malformed vGPU allocation record {path}: {oci.oneline(str(e))}") from None
     if rec.token != token:
         raise HookError(f"vGPU allocation record {path} belongs to another token")
     if not rec.gpus:

@@ -58,7 +58,7 @@ def test_state_dir_contents_while_running(node: Node) -> None:
         "io.kubernetes.cri.container-name": "c",
     }
     b = node.bundle(["sleep", "30"], annotations=ann)
-    r = support.runc(node.runc_root, "run", "--detach", "--bundle", str(b), "vg2")
+    r = support.runc_detach(node.runc_root, b, "vg2")
     try:
         assert r.returncode == 0, r.stderr
         d = node.state / "containers" / "vg2"
