@@ -103,7 +103,12 @@ def test_lost_gpu_is_unhealthy(plugin, kubelet: FakeKubelet, fakegpu) -> None:
     fakegpu.set_lost(1)
     ep.wait_devices(lambda d: not d[f"{u1}::0"].healthy, timeout=30)
     time.sleep(2.5)  # longer than the recovery period: still lost, still unhealthy
-    assert not ep.devices()[f"{u1}::1"].healthy
+    devs = ep.devices()
+    assert not devs[f"{u1}::1"].healthy
+    u0 = fakegpu.uuids[0]
+    assert devs[f"{u0}::0"].healthy and devs[f"{u0}::1"].healthy, "the other GPU is not affected"
+    fakegpu.set_lost(1, False)  # back (e.g. after a reset): healthy after the quiet period
+    ep.wait_devices(lambda d: all(x.healthy for x in d.values()), timeout=30)
 
 
 def test_signals_restart_and_stop(plugin, kubelet: FakeKubelet, tmp_path: Path) -> None:
