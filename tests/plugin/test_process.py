@@ -82,13 +82,20 @@ def test_inventory_ids_and_numa(plugin, kubelet: FakeKubelet, fakegpu, node: dic
 
 
 def test_xid_marks_unhealthy_then_recovers(plugin, kubelet: FakeKubelet, fakegpu) -> None:
-    plugin("--device-split-count", "2", "--health-recovery-s", "2")
+    plugin("--device-split-count", "2", "--health-recovery-s", "4")
     ep = kubelet.wait_endpoint(timeout=60)
     u0, u1 = fakegpu.uuids[:2]
-    time.sleep(0.5)  # the event thread registers after start-up; only later events are delivered
-    fakegpu.inject_xid(0, 13)  # application error: ignored
-    fakegpu.inject_xid(1, 79)  # GPU fell off the bus
-    devs = ep.wait_devices(lambda d: not d[f"{u1}::0"].healthy, timeout=30)
+    # Only events after the health thread registered are delivered, and it does so
+    # concurrently with start-up: inject until the effect shows (bounded).
+    deadline = time.monotonic() + 60
+    while True:
+        fakegpu.inject_xid(0, 13)  # application error: ignored
+        fakegpu.inject_xid(1, 79)  # GPU fell off the bus
+        try:
+            devs = ep.wait_devices(lambda d: not d[f"{u1}::0"].healthy, timeout=1)
+            break
+        except TimeoutError:
+            assert time.monotonic() < deadline, "XID 79 never marked the GPU unhealthy"
     assert not devs[f"{u1}::1"].healthy
     assert devs[f"{u0}::0"].healthy and devs[f"{u0}::1"].healthy, "XID 13 must be ignored"
     with pytest.raises(Exception, match="unhealthy"):
