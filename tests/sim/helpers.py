@@ -34,9 +34,10 @@ def meminfo():
 """
 
 
-def py(gpu: FakeGPU, code: str, timeout: float = 60) -> Any:
-    """Runs code (after CUDA_PRELUDE) in a child Python; returns the JSON it prints last."""
-    src = CUDA_PRELUDE + textwrap.dedent(code)
+def py(gpu: FakeGPU, *parts: str, timeout: float = 60) -> Any:
+    """Runs the code parts (each dedented, after CUDA_PRELUDE) in a child Python; returns the JSON
+    it prints last."""
+    src = CUDA_PRELUDE + "\n".join(textwrap.dedent(p) for p in parts)
     proc = gpu.run([sys.executable, "-c", src], timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

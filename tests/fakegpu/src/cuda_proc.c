@@ -123,7 +123,10 @@ struct entry {
 #define E(base, ver, fn) {base, ver, (fg_fn)fn, NULL},
 #define P(base, ver, fn, pt) {base, ver, (fg_fn)fn, (fg_fn)pt},
 
-/* Versions as in cuda.h's versioned #defines and cudart's requests (reference §2). */
+/* Versions: cudaTypedefs.h's PFN_<name>_v<version> macros (CUDA 11.4+, e.g. PFN_cuCtxCreate_v11040,
+ * __API_TYPEDEF_PTSZ(PFN_cuLaunchKernel, 4000, 7000)) and cudart's requests (reference §2);
+ * cuCtxCreate_v4 (CUctxCreateParams) is CUDA 12.5, the _v2 forms of cuCtxGetDevice and
+ * cuCtxSynchronize CUDA 13.0. */
 static const struct entry g_table[] = {
     E("cuInit", 2000, cuInit)
     E("cuDriverGetVersion", 2020, cuDriverGetVersion)

@@ -120,10 +120,24 @@ int fg_open(int quiet)
         return -1;
     }
     fg_g.fd = fd;
-    fg_lock();
     struct stat sb;
     int rc = -1;
     struct fg_state *st = MAP_FAILED;
+    /* Fast path, without the lock (a dead or stuck holder must not keep others from opening):
+     * a complete state file, whose magic is written last. */
+    if (fstat(fd, &sb) == 0 && (size_t)sb.st_size == sizeof(struct fg_state)) {
+        st = mmap(NULL, sizeof(struct fg_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (st != MAP_FAILED && __atomic_load_n(&st->h.magic, __ATOMIC_ACQUIRE) == FG_MAGIC &&
+            st->h.version == FG_VERSION && st->h.size == sizeof(*st) && st->h.ndev >= 1 && st->h.ndev <= FG_MAX_DEV) {
+            fg_g.st = st;
+            pthread_mutex_unlock(&g_open_mu);
+            return 0;
+        }
+        if (st != MAP_FAILED)
+            munmap(st, sizeof(*st));
+        st = MAP_FAILED;
+    }
+    fg_lock();
     if (fstat(fd, &sb) != 0)
         goto out;
     if (sb.st_size == 0) {

@@ -1,0 +1,160 @@
+"""The kernel model: one kernel at a time per device, bounded asynchronous queues, time-slicing,
+queued work that drains while its process is stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakegpu.harness import FakeGPU
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def proc_dev(state: dict[str, Any], pid: int, index: int = 0) -> dict[str, Any]:
+    for p in state["processes"]:
+        if p["pid"] == pid:
+            for d in p["devices"]:
+                if d["index"] == index:
+                    return dict(d)
+    raise AssertionError(f"pid {pid} not in the state")
+
+
+def wait_until(pred: Any, timeout: float = 30.0, step: float = 0.05) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(step)
+    raise AssertionError("condition not reached")
+
+
+def test_launches_block_on_a_full_queue_and_synchronisation_waits(tmp_path: Path, build_dir: Path) -> None:
+    gpu = FakeGPU(tmp_path / "node", build_dir, gpus=1, queue_depth=10)
+    try:
+        r = gpu.run([gpu.burn, "--kernel-us", "50000", "--seconds", "0.3"])
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        # 10 queue immediately, then one per 50 ms kernel: never many more
+        assert 10 <= out["kernels"] <= 10 + 0.3 / 0.05 + 3
+        # every kernel ran (one at a time) before the final synchronisation returned
+        assert out["elapsed_s"] >= out["kernel_ns_total"] / 1e9 * 0.98
+    finally:
+        gpu.close()
+
+
+def test_competing_processes_time_slice_fairly(tmp_path: Path, build_dir: Path) -> None:
+    gpu = FakeGPU(tmp_path / "node", build_dir, gpus=1)
+    try:
+        # different kernel lengths: time-slicing, not kernel counts, decides the share
+        a = gpu.popen([gpu.burn, "--kernel-us", "1000", "--seconds", "4"], stdout=subprocess.PIPE, text=True)
+        b = gpu.popen([gpu.burn, "--kernel-us", "3000", "--seconds", "4"], stdout=subprocess.PIPE, text=True)
+
+        def both_queued() -> bool:
+            st = gpu.state()
+            try:
+                return proc_dev(st, a.pid)["queued"] > 0 and proc_dev(st, b.pid)["queued"] > 0
+            except AssertionError:
+                return False
+
+        wait_until(both_queued)
+        s0 = gpu.state()
+        time.sleep(1.0)
+        s1 = gpu.state()
+        da = proc_dev(s1, a.pid)["exec_ns"] - proc_dev(s0, a.pid)["exec_ns"]
+        db = proc_dev(s1, b.pid)["exec_ns"] - proc_dev(s0, b.pid)["exec_ns"]
+        busy = s1["devices"][0]["busy_ns"] - s0["devices"][0]["busy_ns"]
+        elapsed = s1["now_ns"] - s0["now_ns"]
+        assert da + db == busy
+        assert busy >= 0.95 * elapsed  # saturated: a kernel always ran
+        assert 0.4 <= da / busy <= 0.6, (da, db)
+        a.kill()
+        b.kill()
+    finally:
+        gpu.close()
+
+
+def test_queued_kernels_drain_while_the_process_is_stopped(tmp_path: Path, build_dir: Path) -> None:
+    gpu = FakeGPU(tmp_path / "node", build_dir, gpus=1, queue_depth=100)
+    try:
+        p = gpu.popen([gpu.burn, "--kernel-us", "5000", "--seconds", "30"], stdout=subprocess.PIPE, text=True)
+        wait_until(
+            lambda: any(
+                q["pid"] == p.pid and q["devices"] and q["devices"][0]["queued"] >= 50 for q in gpu.state()["processes"]
+            )
+        )
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            s0 = gpu.state()
+            queued = proc_dev(s0, p.pid)["queued"]
+            launched = proc_dev(s0, p.pid)["launched"]
+            assert queued > 0
+            # the queue (<= 100 x 5 ms) drains with nobody from the process running
+            wait_until(lambda: proc_dev(gpu.state(), p.pid)["queued"] == 0, timeout=20)
+            s1 = gpu.state()
+            d1 = proc_dev(s1, p.pid)
+            assert d1["launched"] == launched  # stopped: no new launches
+            assert d1["completed"] == launched
+            assert d1["exec_ns"] - proc_dev(s0, p.pid)["exec_ns"] >= (queued - 1) * 5_000_000
+            time.sleep(0.3)
+            assert proc_dev(gpu.state(), p.pid)["exec_ns"] == d1["exec_ns"]  # and then the device idles
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+        # resumed, it launches again
+        wait_until(lambda: proc_dev(gpu.state(), p.pid)["launched"] > launched)
+        p.kill()
+    finally:
+        gpu.close()
+
+
+def test_a_process_holding_memory_killed_with_sigkill_is_reaped(tmp_path: Path, build_dir: Path) -> None:
+    gpu = FakeGPU(tmp_path / "node", build_dir, gpus=1, context_overhead=1 << 20)
+    try:
+        p = gpu.popen(
+            [gpu.burn, "--alloc", "2g", "--kernel-us", "1000", "--seconds", "30"], stdout=subprocess.PIPE, text=True
+        )
+        wait_until(
+            lambda: any(
+                q["pid"] == p.pid and q["devices"] and q["devices"][0]["queued"] > 0 for q in gpu.state()["processes"]
+            )
+        )
+        assert gpu.state()["devices"][0]["used"] == (2 << 30) + (1 << 20)
+        p.kill()
+        p.wait()
+        st = gpu.state()
+        assert st["processes"] == []
+        assert st["devices"][0]["used"] == 0
+        # its queued work is gone with it: the device goes idle
+        busy = st["devices"][0]["busy_ns"]
+        time.sleep(0.2)
+        assert gpu.state()["devices"][0]["busy_ns"] == busy
+    finally:
+        gpu.close()
+
+
+def test_kill_9_while_holding_the_state_lock_blocks_nobody(fakegpu: FakeGPU) -> None:
+    holder = fakegpu.popen([fakegpu.ctl_path, "hold-lock", "600"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    waiter = fakegpu.popen([fakegpu.ctl_path, "lock-wait"], stdout=subprocess.PIPE, text=True)
+    assert waiter.stdout is not None and waiter.stdout.readline().strip() == "waiting"
+    time.sleep(0.3)  # the waiter is blocked in the lock by now
+    assert waiter.poll() is None
+    killed = time.monotonic_ns()  # CLOCK_MONOTONIC, as the waiter's timestamp
+    holder.kill()
+    acquired = int(waiter.stdout.readline())
+    assert waiter.wait(timeout=10) == 0
+    assert acquired - killed < 100_000_000, f"{(acquired - killed) / 1e6:.1f} ms"
+    # and a driver user gets through right away
+    r = fakegpu.run([fakegpu.burn, "--alloc", "1m"], timeout=30)
+    assert r.returncode == 0 and read_json_line_text(r.stdout)["alloc_result"] == 0
+
+
+def read_json_line_text(text: str) -> Any:
+    return json.loads(text.splitlines()[-1])
