@@ -4,10 +4,12 @@
 - `inproc`: a factory running `device_plugin.daemon.Daemon` in a thread over
   synthetic GPUs (real gRPC, real unix sockets; no NVML).
 - `PluginProcess`: the real `vgpu-device-plugin` as a subprocess (NVML from tests/fakegpu).
+- `apiserver`: a local HTTP stand-in of the Kubernetes API server, with $KUBECONFIG pointing at it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +17,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +136,57 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+class APIServer(BaseHTTPRequestHandler):
+    """A tiny API server stand-in: records PATCHes of Nodes (path, content type, body, auth)."""
+
+    patches: list[tuple[str, str, dict, str]] = []
+    status = 200
+
+    def do_PATCH(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).patches.append(
+            (self.path, self.headers.get("Content-Type", ""), body, self.headers.get("Authorization", ""))
+        )
+        name = self.path.rsplit("/", 1)[-1]
+        if self.status != 200:
+            out = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": self.status}).encode()
+        else:
+            out = json.dumps(
+                {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, **body["metadata"]}}
+            ).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def apiserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[APIServer]]:
+    handler = type("Handler", (APIServer,), {"patches": [], "status": 200})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{srv.server_address[1]}"}}],
+                "users": [{"name": "u", "user": {"token": "test-token"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    yield handler
+    srv.shutdown()
+    srv.server_close()

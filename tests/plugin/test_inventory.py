@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from device_plugin import inventory
 from device_plugin.devices import DeviceTable, Slicing
-from tests.plugin.conftest import GiB, synthetic_gpus
+from tests.plugin.conftest import APIServer, GiB, synthetic_gpus
 
 
 def _table() -> DeviceTable:
@@ -53,59 +50,7 @@ def test_no_api_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: 
     assert len(msgs) == 1
 
 
-class _APIServer(BaseHTTPRequestHandler):
-    patches: list[tuple[str, str, dict, str]] = []
-    status = 200
-
-    def do_PATCH(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).patches.append(
-            (self.path, self.headers.get("Content-Type", ""), body, self.headers.get("Authorization", ""))
-        )
-        name = self.path.rsplit("/", 1)[-1]
-        if self.status != 200:
-            out = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": self.status}).encode()
-        else:
-            out = json.dumps(
-                {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, **body["metadata"]}}
-            ).encode()
-        self.send_response(self.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def apiserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_APIServer]]:
-    handler = type("Handler", (_APIServer,), {"patches": [], "status": 200})
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{srv.server_address[1]}"}}],
-                "users": [{"name": "u", "user": {"token": "test-token"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    yield handler
-    srv.shutdown()
-    srv.server_close()
-
-
-def test_patch_node(apiserver: type[_APIServer]) -> None:
+def test_patch_node(apiserver: type[APIServer]) -> None:
     t = _table()
     a = inventory.NodeAnnotator(t, "nvidia.com/gpu", "gpu-node-7")
     assert a.publish()
@@ -124,7 +69,7 @@ def test_patch_node(apiserver: type[_APIServer]) -> None:
     assert doc["gpus"][0]["health"] == "Unhealthy"
 
 
-def test_patch_refused_is_not_fatal(apiserver: type[_APIServer], caplog: pytest.LogCaptureFixture) -> None:
+def test_patch_refused_is_not_fatal(apiserver: type[APIServer], caplog: pytest.LogCaptureFixture) -> None:
     apiserver.status = 403
     caplog.set_level(logging.WARNING)
     a = inventory.NodeAnnotator(_table(), "nvidia.com/gpu", "gpu-node-7")

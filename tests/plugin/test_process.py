@@ -153,3 +153,27 @@ def test_kubelet_restarts(plugin, kubelet: FakeKubelet) -> None:
         kubelet.wait_registration(count=i + 2, timeout=30)
         assert len(kubelet.wait_endpoint(timeout=30).devices()) == 4
     assert kubelet.admit("default", "p", "c", 2).envs["NVIDIA_VISIBLE_DEVICES"].count("GPU-") == 2
+
+
+def test_node_inventory_follows_health(plugin, kubelet: FakeKubelet, fakegpu, apiserver) -> None:
+    from device_plugin.inventory import ANNOTATION
+
+    def docs() -> list[dict]:
+        return [json.loads(b["metadata"]["annotations"][ANNOTATION]) for _p, _t, b, _a in list(apiserver.patches)]
+
+    plugin("--node-name", "gpu-node-1", "--device-split-count", "4", "--health-recovery-s", "300")
+    kubelet.wait_endpoint(timeout=60)
+    deadline = time.monotonic() + 60
+    while not apiserver.patches:
+        assert time.monotonic() < deadline, "no PATCH of the Node"
+        time.sleep(0.1)
+    path, _ctype, _body, _auth = apiserver.patches[0]
+    assert path == "/api/v1/nodes/gpu-node-1"
+    first = docs()[0]
+    assert first["split_count"] == 4
+    assert [g["uuid"] for g in first["gpus"]] == list(fakegpu.uuids)
+    assert all(g["health"] == "Healthy" and g["model"] == "NVIDIA Fake GPU" for g in first["gpus"])
+    while not any(d["gpus"][0]["health"] == "Unhealthy" for d in docs()):
+        assert time.monotonic() < deadline, "health change never reached the Node annotation"
+        fakegpu.inject_xid(0, 48)  # double-bit ECC error
+        time.sleep(0.5)
