@@ -31,6 +31,7 @@ is 100 % and an idle GPU is never wasted; `off` never throttles.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ACTIVE_PCT = 1.0
@@ -54,6 +55,8 @@ class ControlParams:
     max_step_far: float = 0.6  # step limit while far from the target
     d_min: float = 0.02
     deadband_pp: float = 0.5
+    elasticity_min: float = 0.4
+    elasticity_max: float = 1.5
 
 
 def demanding(m: MemberInput, n_active: int) -> bool:
@@ -78,13 +81,13 @@ def effective_targets(members: dict[str, MemberInput], policy: str) -> dict[str,
     return out
 
 
-def next_duty(d: float, target: float, util: float, p: ControlParams) -> float:
+def next_duty(d: float, target: float, util: float, p: ControlParams, elasticity: float = 1.0) -> float:
     if target >= 100.0:
         return 1.0 if d >= 1.0 - 1e-9 else min(1.0, d * (1 + p.max_step))
     if abs(util - target) <= p.deadband_pp:
         return d
     far = abs(util - target) > p.far_pp
-    gain = p.gain_far if far else p.gain
+    gain = (p.gain_far if far else p.gain) / elasticity
     step = p.max_step_far if far else p.max_step
     ratio = (target / max(util, 0.5)) ** gain
     ratio = min(1 + step, max(1 - step, ratio))
@@ -98,17 +101,42 @@ class GpuController:
         self.p = params
         self.duty: dict[str, float] = {}
         self.targets: dict[str, float] = {}
+        self.last: dict[str, tuple[float, float]] = {}  # (duty of the last cycle, use measured over it)
+        self.elasticity: dict[str, float] = {}
 
     def step(self, members: dict[str, MemberInput]) -> dict[str, float]:
         for c in list(self.duty):
             if c not in members:
                 del self.duty[c]
+                self.last.pop(c, None)
+                self.elasticity.pop(c, None)
         measured = {c: m for c, m in members.items() if m.measured}
         targets = effective_targets(measured, self.p.policy)
         self.targets = targets
         for c in members:
             d = self.duty.get(c, 1.0)
             if c in measured:
-                d = next_duty(d, targets[c], measured[c].util, self.p)
+                u = measured[c].util
+                e = self._learn(c, d, u)
+                d = next_duty(d, targets[c], u, self.p, e)
             self.duty[c] = d
         return dict(self.duty)
+
+    def _learn(self, c: str, d: float, u: float) -> float:
+        """Elasticity of use to duty (d log u / d log d), learnt from the last two cycles.
+
+        Saturating processes sharing a GPU give ~1; queued kernels that drain
+        while stopped give less (the duty must move further for the same
+        change in use), and the law's gain is divided by it.  Only clear moves
+        of the duty are used, smoothed, and bounded."""
+        e = self.elasticity.get(c, 1.0)
+        prev = self.last.get(c)
+        self.last[c] = (d, u)
+        if prev is not None and u > 1.0 and prev[1] > 1.0 and d > 0 and prev[0] > 0:
+            dl = math.log(d / prev[0])
+            if abs(dl) > 0.05:
+                obs = math.log(u / prev[1]) / dl
+                if 0.0 < obs < 3.0:
+                    e = min(self.p.elasticity_max, max(self.p.elasticity_min, 0.5 * e + 0.5 * obs))
+                    self.elasticity[c] = e
+        return e
