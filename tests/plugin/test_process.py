@@ -76,6 +76,9 @@ def test_inventory_ids_and_numa(plugin, kubelet: FakeKubelet, fakegpu, node: dic
     devs = kubelet.wait_endpoint(timeout=60).devices()
     inv = nvml_inventory(node)
     assert [g["uuid"] for g in inv] == list(fakegpu.uuids)
+    assert [(g["index"], g["name"], g["memory_total"], g["pci_bus_id"]) for g in inv] == [
+        (i, "NVIDIA Fake GPU", 16 << 30, f"00000000:{0x10 + i:02X}:00.0") for i in range(len(inv))
+    ]
     assert sorted(devs) == sorted(f"{g['uuid']}::{i}" for g in inv for i in range(3))
     for i, g in enumerate(inv):
         assert all(devs[f"{g['uuid']}::{k}"].numa == (i % 2,) for k in range(3))
@@ -138,11 +141,13 @@ def test_signals_restart_and_stop(plugin, kubelet: FakeKubelet, tmp_path: Path) 
     sock = Path(kubelet.device_plugins_dir) / "vgpu.sock"
     assert not sock.exists(), "socket removed on SIGTERM"
     # a new plugin process: the record is still there, untouched
-    plugin()
+    p2 = plugin()
     kubelet.wait_registration(count=3, timeout=60)
     kubelet.wait_endpoint(timeout=30)
     assert record.read_bytes() == before
     assert read_record(str(record)).gpus[0].vgpu_ids == list(a.device_ids)
+    assert p2.stop(signal.SIGINT) == 0
+    assert not sock.exists()
 
 
 def test_kubelet_restarts(plugin, kubelet: FakeKubelet) -> None:
