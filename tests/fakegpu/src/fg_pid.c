@@ -16,8 +16,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define PROC_PID_INIT_INO 0xEFFFFFFCULL
-
 static uint64_t g_self_ns;
 
 void fg_pid_cache_reset(void)
@@ -133,7 +131,7 @@ int fg_visible_pid(struct fg_state *st, int slot)
     if (found) {
         g_cache[slot].generation = sl->generation;
         g_cache[slot].pid = found;
-        if (self == PROC_PID_INIT_INO)
+        if (self == FG_PIDNS_INIT)
             sl->host_pid = found;
         return found;
     }

@@ -269,6 +269,8 @@ int fg_register(void)
         memset(sl, 0, sizeof(*sl));
         sl->pid = (int32_t)getpid();
         sl->pidns = fg_self_pidns();
+        if (sl->pidns == FG_PIDNS_INIT)
+            sl->host_pid = sl->pid; /* already a host pid */
         sl->start_time = read_start_time();
         sl->generation = ++st->h.generation;
         FILE *f = fopen("/proc/self/comm", "re");

@@ -193,6 +193,7 @@ uint32_t fg_sim_pending(const struct fg_state *st, int slot, int dev, int stream
 int64_t fg_ts_us(const struct fg_state *st, uint64_t mono_ns);
 
 /* fg_pid.c: pid namespaces. */
+#define FG_PIDNS_INIT 0xEFFFFFFCULL /* PROC_PID_INIT_INO: the initial pid namespace */
 uint64_t fg_self_pidns(void);
 uint64_t fg_proc_start_time(int pid); /* 0 if unknown */
 /* The pid of slot s as seen by the caller, 0 if it is not visible to the caller. */

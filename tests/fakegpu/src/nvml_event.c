@@ -84,31 +84,47 @@ FG_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long 
     return NVML_SUCCESS;
 }
 
+/* Delivers the oldest pending event of the registered devices. */
 static int poll_once(struct nvml_evset *s, fg_event_data *out, int full)
 {
     struct fg_state *st = fg_g.st;
     int got = 0;
     pthread_mutex_lock(&g_emu);
     fg_lock();
-    for (unsigned i = 0; i < st->h.ndev && !got; i++) {
-        if (!(s->mask[i] & NVML_EVENT_XID))
-            continue;
-        struct fg_devstate *ds = &st->ds[i];
-        if (ds->xid_seq <= s->cursor[i])
-            continue;
-        uint64_t seq = s->cursor[i] + 1;
-        if (ds->xid_seq - seq >= FG_XID_RING) /* overwritten: skip to the oldest kept */
-            seq = ds->xid_seq - FG_XID_RING + 1;
-        const struct fg_xid *x = &ds->xids[seq % FG_XID_RING];
-        s->cursor[i] = seq;
-        if (x->seq != seq)
-            continue;
-        out->device = fg_nvml_handle((int)i);
+    for (;;) {
+        int best = -1;
+        uint64_t best_seq = 0, best_time = 0;
+        for (unsigned i = 0; i < st->h.ndev; i++) {
+            if (!(s->mask[i] & NVML_EVENT_XID))
+                continue;
+            struct fg_devstate *ds = &st->ds[i];
+            if (ds->xid_seq <= s->cursor[i])
+                continue;
+            uint64_t seq = s->cursor[i] + 1;
+            if (ds->xid_seq - seq >= FG_XID_RING) /* overwritten: skip to the oldest kept */
+                seq = ds->xid_seq - FG_XID_RING + 1;
+            const struct fg_xid *x = &ds->xids[seq % FG_XID_RING];
+            if (x->seq != seq) { /* torn entry: skip it */
+                s->cursor[i] = seq;
+                continue;
+            }
+            if (best < 0 || x->time_ns < best_time) {
+                best = (int)i;
+                best_seq = seq;
+                best_time = x->time_ns;
+            }
+        }
+        if (best < 0)
+            break;
+        const struct fg_xid *x = &st->ds[best].xids[best_seq % FG_XID_RING];
+        s->cursor[best] = best_seq;
+        out->device = fg_nvml_handle(best);
         out->eventType = NVML_EVENT_XID;
         out->eventData = x->xid;
         if (full)
             out->gpuInstanceId = out->computeInstanceId = NVML_NO_INSTANCE;
         got = 1;
+        break;
     }
     fg_unlock();
     pthread_mutex_unlock(&g_emu);
