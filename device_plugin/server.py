@@ -95,15 +95,16 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             cresp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(sl.uuids)
             cresp.envs[TOKEN_ENV] = rec.token
             cresp.annotations[TOKEN_ANNOTATION] = rec.token
-            log.info(
-                kv(
-                    "allocated",
-                    devices=",".join(ids),
-                    gpus=";".join(f"{g.uuid}:{g.memory_limit}B:{g.core_percent}%" for g in sl.gpus),
-                    oversubscribe=int(rec.oversubscribe),
-                    token=rec.token[:8] + "…",
+            if log.isEnabledFor(logging.INFO):  # the line is built only when it is wanted
+                log.info(
+                    kv(
+                        "allocated",
+                        devices=",".join(ids),
+                        gpus=";".join(f"{g.uuid}:{g.memory_limit}B:{g.core_percent}%" for g in sl.gpus),
+                        oversubscribe=int(rec.oversubscribe),
+                        token=rec.token[:8] + "…",
+                    )
                 )
-            )
         return out
 
     def PreStartContainer(
