@@ -325,3 +325,75 @@ def test_cuda_visible_devices_selects_and_orders(tmp_path: Path, build_dir: Path
             assert __import__("json").loads(proc.stdout) == expected, value
     finally:
         gpu.close()
+
+
+def test_fakegpu_visible_devices_restricts_cuda_and_nvml(tmp_path: Path, build_dir: Path) -> None:
+    gpu = FakeGPU(tmp_path / "node", build_dir, gpus=3)
+    code = """
+        import pynvml
+        ck(cu.cuInit(0), "init")
+        n = ctypes.c_int()
+        ck(cu.cuDeviceGetCount(ctypes.byref(n)), "count")
+        pynvml.nvmlInit()
+        hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        try:
+            pynvml.nvmlDeviceGetHandleByUUID(HIDDEN)
+            hidden = "found"
+        except pynvml.NVMLError_NotFound:
+            hidden = "not found"
+        print(json.dumps(dict(cuda=n.value, nvml=[pynvml.nvmlDeviceGetUUID(h) for h in hs],
+                              index=[pynvml.nvmlDeviceGetIndex(h) for h in hs], hidden=hidden)))
+        """
+    try:
+        env = gpu.env
+        env["FAKEGPU_VISIBLE_DEVICES"] = f"{gpu.uuids[2]},0"
+        import sys
+        import textwrap
+
+        from tests.sim.helpers import CUDA_PRELUDE
+
+        src = CUDA_PRELUDE + f"HIDDEN = {gpu.uuids[1]!r}\n" + textwrap.dedent(code)
+        proc = gpu.run([sys.executable, "-c", src], env=env)
+        assert proc.returncode == 0, proc.stderr
+        out = __import__("json").loads(proc.stdout)
+        assert out == {"cuda": 2, "nvml": [gpu.uuids[2], gpu.uuids[0]], "index": [0, 1], "hidden": "not found"}
+    finally:
+        gpu.close()
+
+
+def test_a_forked_child_is_a_process_of_its_own(fakegpu: FakeGPU) -> None:
+    out = py(
+        fakegpu,
+        f"CTL = {fakegpu.ctl_path!r}",
+        """
+        import subprocess
+        ctx(0)
+        rc, p = alloc(64 << 20)
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            # CUDA state does not survive fork: initialise again, as a process of its own
+            cu.cuInit(0)
+            c = ctypes.c_void_p()
+            cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), 0)
+            cu.cuCtxSetCurrent(c)
+            q = ctypes.c_ulonglong()
+            rc2 = cu.cuMemAlloc_v2(ctypes.byref(q), ctypes.c_size_t(32 << 20))
+            os.write(w, str(rc2).encode())
+            time.sleep(2)
+            os._exit(0)
+        child_rc = int(os.read(r, 16))
+        st = json.loads(subprocess.check_output([CTL, "dump"]))
+        during = {q["pid"]: q["devices"][0]["allocated"] for q in st["processes"]}
+        os.waitpid(child, 0)
+        st = json.loads(subprocess.check_output([CTL, "dump"]))
+        after = {q["pid"]: q["devices"][0]["allocated"] for q in st["processes"]}
+        print(json.dumps(dict(child_rc=child_rc, child=child, me=os.getpid(), during=during, after=after,
+                              free=cu.cuMemFree_v2(ctypes.c_ulonglong(p)))))
+        """,
+    )
+    me, child = str(out["me"]), str(out["child"])
+    assert out["child_rc"] == 0
+    assert out["during"] == {me: 64 << 20, child: 32 << 20}
+    assert out["after"] == {me: 64 << 20}
+    assert out["free"] == 0

@@ -34,9 +34,8 @@ static int busid_cmp(const void *a, const void *b)
 static void build_map(void)
 {
     struct fg_state *st = fg_g.st;
-    int all[FG_MAX_DEV], n = (int)st->h.ndev;
-    for (int i = 0; i < n; i++)
-        all[i] = i;
+    int all[FG_MAX_DEV];
+    int n = fg_visible_map(st, all);
     const char *order = getenv("CUDA_DEVICE_ORDER");
     if (order && !strcmp(order, "PCI_BUS_ID"))
         qsort(all, (size_t)n, sizeof(int), busid_cmp);

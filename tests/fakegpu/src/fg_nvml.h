@@ -43,7 +43,8 @@ enum {
 
 struct nvml_dev {
     uint32_t magic;
-    int index;
+    int index; /* in the state */
+    int vis;   /* NVML index (FAKEGPU_VISIBLE_DEVICES order), -1 if not visible */
 };
 
 /* nvml_core.c */

@@ -192,6 +192,9 @@ uint64_t fg_sim_pending_ns(const struct fg_state *st, int slot, int dev, int str
 uint32_t fg_sim_pending(const struct fg_state *st, int slot, int dev, int stream);
 int64_t fg_ts_us(const struct fg_state *st, uint64_t mono_ns);
 
+/* fg_visible.c: FAKEGPU_VISIBLE_DEVICES -> state indices; returns the count. */
+int fg_visible_map(const struct fg_state *st, int map[FG_MAX_DEV]);
+
 /* fg_pid.c: pid namespaces. */
 #define FG_PIDNS_INIT 0xEFFFFFFCULL /* PROC_PID_INIT_INO: the initial pid namespace */
 uint64_t fg_self_pidns(void);

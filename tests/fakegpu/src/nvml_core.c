@@ -13,6 +13,7 @@
 
 static struct nvml_dev g_devs[FG_MAX_DEV];
 static int g_refs;
+static int g_vis[FG_MAX_DEV], g_nvis;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_atfork;
 
@@ -41,7 +42,7 @@ nvmlReturn_t fg_nvml_dev(nvmlDevice_t d, int dynamic, int *idx)
     if (rc)
         return rc;
     if (!d || d < &g_devs[0] || d >= &g_devs[FG_MAX_DEV] || d->magic != DEV_MAGIC ||
-        (unsigned)d->index >= fg_g.st->h.ndev)
+        (unsigned)d->index >= fg_g.st->h.ndev || d->vis < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (dynamic && __atomic_load_n(&fg_g.st->ds[d->index].lost, __ATOMIC_RELAXED))
         return NVML_ERROR_GPU_IS_LOST;
@@ -61,10 +62,14 @@ FG_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
         pthread_mutex_unlock(&g_mu);
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
+    g_nvis = fg_visible_map(fg_g.st, g_vis);
     for (int i = 0; i < FG_MAX_DEV; i++) {
         g_devs[i].magic = DEV_MAGIC;
         g_devs[i].index = i;
+        g_devs[i].vis = -1;
     }
+    for (int v = 0; v < g_nvis; v++)
+        g_devs[g_vis[v]].vis = v;
     __atomic_add_fetch(&g_refs, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_mu);
     return NVML_SUCCESS;
@@ -141,7 +146,7 @@ FG_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n)
         return rc;
     if (!n)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *n = fg_g.st->h.ndev;
+    *n = (unsigned)g_nvis;
     return NVML_SUCCESS;
 }
 
@@ -164,9 +169,9 @@ FG_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *
     nvmlReturn_t rc = fg_nvml_check();
     if (rc)
         return rc;
-    if (!out || i >= fg_g.st->h.ndev)
+    if (!out || i >= (unsigned)g_nvis)
         return NVML_ERROR_INVALID_ARGUMENT;
-    return give_handle((int)i, out);
+    return give_handle(g_vis[i], out);
 }
 
 FG_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *out)
@@ -181,9 +186,9 @@ FG_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *ou
         return rc;
     if (!uuid || !out)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned i = 0; i < fg_g.st->h.ndev; i++)
-        if (!strcmp(fg_g.st->cfg[i].uuid, uuid))
-            return give_handle((int)i, out);
+    for (int v = 0; v < g_nvis; v++)
+        if (!strcmp(fg_g.st->cfg[g_vis[v]].uuid, uuid))
+            return give_handle(g_vis[v], out);
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -195,9 +200,10 @@ FG_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *busid, nvmlDevi
     unsigned a[4], b[4];
     if (!busid || !out || fg_parse_busid(busid, &a[0], &a[1], &a[2], &a[3]) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned i = 0; i < fg_g.st->h.ndev; i++) {
-        if (fg_parse_busid(fg_g.st->cfg[i].pci_bus_id, &b[0], &b[1], &b[2], &b[3]) == 0 && !memcmp(a, b, sizeof(a)))
-            return give_handle((int)i, out);
+    for (int v = 0; v < g_nvis; v++) {
+        if (fg_parse_busid(fg_g.st->cfg[g_vis[v]].pci_bus_id, &b[0], &b[1], &b[2], &b[3]) == 0 &&
+            !memcmp(a, b, sizeof(a)))
+            return give_handle(g_vis[v], out);
     }
     return NVML_ERROR_NOT_FOUND;
 }
@@ -229,7 +235,7 @@ FG_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *out)
         return rc;
     if (!out)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *out = (unsigned)i;
+    *out = (unsigned)d->vis;
     return NVML_SUCCESS;
 }
 

@@ -158,8 +158,10 @@ struct sample {
 static struct sample g_buf[MAX_SAMPLES];
 static pthread_mutex_t g_bmu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Fills g_buf (caller holds g_bmu) with the samples newer than last; returns the count. */
-static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n)
+/* Fills g_buf (caller holds g_bmu) with the samples newer than last: *n of them; *nlive: the
+ * processes that can produce a new sample any time (a sample period may end between pynvml's
+ * sizing call and its second call, so the sizing answer leaves room for one more each). */
+static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n, unsigned *nlive)
 {
     int i;
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
@@ -167,6 +169,7 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n)
         return rc;
     struct fg_state *st = fg_g.st;
     *n = 0;
+    *nlive = 0;
     fg_lock();
     fg_reap();
     uint64_t now = fg_now();
@@ -177,6 +180,8 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n)
         if (st->slots[s].state != FG_SLOT_LIVE)
             continue;
         const struct fg_pdev *p = &st->slots[s].dev[i];
+        if (p->contexts)
+            (*nlive)++;
         int pid = -1;
         for (int k = 0; k < FG_RING; k++) {
             const struct fg_period *e = &p->periods[k];
@@ -203,13 +208,16 @@ FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, fg_util_samp
 {
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned n;
+    unsigned n, nlive;
     pthread_mutex_lock(&g_bmu);
-    nvmlReturn_t rc = gather(d, last, &n);
+    nvmlReturn_t rc = gather(d, last, &n, &nlive);
     if (rc == NVML_SUCCESS) {
         if (n == 0) {
             rc = NVML_ERROR_NOT_FOUND;
-        } else if (!out || *count < n) {
+        } else if (!out) {
+            *count = n + nlive;
+            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        } else if (*count < n) {
             *count = n;
             rc = NVML_ERROR_INSUFFICIENT_SIZE;
         } else {
@@ -230,13 +238,16 @@ FG_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, fg_uti
         return NVML_ERROR_INVALID_ARGUMENT;
     if (info->version != UTILS_INFO_V1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    unsigned n;
+    unsigned n, nlive;
     pthread_mutex_lock(&g_bmu);
-    nvmlReturn_t rc = gather(d, info->lastSeenTimeStamp, &n);
+    nvmlReturn_t rc = gather(d, info->lastSeenTimeStamp, &n, &nlive);
     if (rc == NVML_SUCCESS) {
         if (n == 0) {
             rc = NVML_ERROR_NOT_FOUND;
-        } else if (!info->procUtilArray || info->processSamplesCount < n) {
+        } else if (!info->procUtilArray) {
+            info->processSamplesCount = n + nlive;
+            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        } else if (info->processSamplesCount < n) {
             info->processSamplesCount = n;
             rc = NVML_ERROR_INSUFFICIENT_SIZE;
         } else {
