@@ -130,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon(dp, Paths(cfg.common.state_dir), gpus)
 
     def _stop(signum: int, _frame: object) -> None:
-        daemon.stop_event.set()
+        daemon.stop()
 
     def _hup(signum: int, _frame: object) -> None:
-        daemon.restart_event.set()
+        daemon.request_restart()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)

@@ -29,10 +29,10 @@ from vgpu.paths import Paths
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
-# Supervisor cadence: how long one wait for a kubelet.sock event lasts (bounds
-# the reaction time to SIGHUP/SIGTERM), how often the server's liveness is
-# probed, and how often a failed registration is retried.
-_TICK_S = 0.1
+# Supervisor cadence: how long one wait for a kubelet.sock event lasts (signals
+# end it early through `wake()`), how often the server's liveness is probed,
+# and how often a failed registration is retried.
+_TICK_S = 1.0
 _LIVENESS_S = 5.0
 _REGISTER_RETRY_S = 2.0
 _INVENTORY_REFRESH_S = 300.0
@@ -70,6 +70,7 @@ class Daemon:
         )
         self.stop_event = threading.Event()
         self.restart_event = threading.Event()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._inventory_dirty = threading.Event()
         self.annotator = inventory.NodeAnnotator(self.table, cfg.resource_name, inventory.node_name(cfg.node_name))
         self.health = (
@@ -85,6 +86,21 @@ class Daemon:
         self._register_failed = False
 
     # --- supervisor -----------------------------------------------------------
+    def wake(self) -> None:
+        """End the supervisor's current wait (async-signal-safe: one write to a pipe)."""
+        try:
+            os.write(self._wake_w, b"!")
+        except (BlockingIOError, OSError):
+            pass
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake()
+
+    def request_restart(self) -> None:
+        self.restart_event.set()
+        self.wake()
+
     def _service_args(self) -> dict:
         return {
             "table": self.table,
@@ -146,7 +162,7 @@ class Daemon:
     def run(self) -> int:
         records.ensure_dir(self.paths)
         os.makedirs(self.where.device_plugins_dir, exist_ok=True)
-        watcher = SocketWatcher(self.where.device_plugins_dir, KUBELET_SOCKET)
+        watcher = SocketWatcher(self.where.device_plugins_dir, KUBELET_SOCKET, self._wake_r)
         housekeeping = threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True)
         try:
             if self.health is not None:

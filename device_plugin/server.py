@@ -21,8 +21,9 @@ from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
-# How often an idle ListAndWatch stream re-checks whether it should end.
-_STREAM_POLL_S = 0.25
+# How often an idle ListAndWatch stream checks that its client is still there
+# (a server stop wakes streams at once through DeviceTable.kick()).
+_STREAM_POLL_S = 1.0
 
 
 def device_list(table: DeviceTable) -> tuple[int, pb.ListAndWatchResponse]:

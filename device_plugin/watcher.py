@@ -39,8 +39,10 @@ def _inode(path: str) -> int | None:
 class SocketWatcher:
     """`wait(timeout)` returns True when `name` was (re)created in `directory`."""
 
-    def __init__(self, directory: str, name: str) -> None:
+    def __init__(self, directory: str, name: str, wake_fd: int | None = None) -> None:
+        """`wake_fd`: a pipe's read end; a byte written to it ends a wait early."""
         self.directory = directory
+        self.wake_fd = wake_fd
         self.name = name
         self.path = os.path.join(directory, name)
         self._fd = -1
@@ -91,8 +93,14 @@ class SocketWatcher:
                 if left <= 0:
                     return False
                 time.sleep(min(0.1, left))
-        r, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
-        if not r:
+        fds = [self._fd] if self.wake_fd is None else [self._fd, self.wake_fd]
+        r, _, _ = select.select(fds, [], [], max(0.0, timeout))
+        if self.wake_fd is not None and self.wake_fd in r:
+            try:
+                os.read(self.wake_fd, 512)
+            except BlockingIOError:
+                pass
+        if self._fd not in r:
             # Cheap safety net for missed events (e.g. queue overflow).
             return self._poll_changed()
         try:

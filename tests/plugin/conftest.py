@@ -57,7 +57,7 @@ class InProc:
     state: Paths
 
     def stop(self) -> None:
-        self.daemon.stop_event.set()
+        self.daemon.stop()
         self.thread.join(timeout=10)
         assert not self.thread.is_alive()
 

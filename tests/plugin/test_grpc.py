@@ -217,6 +217,7 @@ def test_crashed_server_and_lost_socket_are_restarted(
     import device_plugin.daemon as daemon_mod
 
     monkeypatch.setattr(daemon_mod, "_LIVENESS_S", 0.3)
+    monkeypatch.setattr(daemon_mod, "_TICK_S", 0.1)
     p = inproc()
     kubelet.wait_endpoint()
     # gRPC server dies under the daemon: re-served and re-registered
@@ -246,6 +247,7 @@ def test_registration_refused_by_kubelet_is_retried_quietly(
     import device_plugin.daemon as daemon_mod
 
     monkeypatch.setattr(daemon_mod, "_REGISTER_RETRY_S", 0.2)
+    monkeypatch.setattr(daemon_mod, "_TICK_S", 0.1)
     caplog.set_level(logging.DEBUG, logger="device_plugin")
     inproc(resource_name="kubernetes.io/gpu")  # native name: kubelet refuses it
     deadline = time.monotonic() + 20
