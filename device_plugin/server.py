@@ -103,6 +103,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                         devices=",".join(ids),
                         gpus=";".join(f"{g.uuid}:{g.memory_limit}B:{g.core_percent}%" for g in sl.gpus),
                         oversubscribe=int(rec.oversubscribe),
+                        # The token selects a record, i.e. limits: only a prefix goes to logs.
                         token=rec.token[:8] + "…",
                     )
                 )
