@@ -28,7 +28,7 @@ from vgpu.log import kv
 log = logging.getLogger("vgpu.monitor.containers")
 
 HEADER_SIZE = 48  # magic .. generation: enough to see whether the region changed
-FULL_PARSE_INTERVAL_S = 10.0  # re-validate every slot at least this often, changed or not
+FULL_PARSE_INTERVAL_S = 30.0  # re-validate every slot at least this often, changed or not
 
 
 @dataclass

@@ -37,6 +37,7 @@ log = logging.getLogger("vgpu.monitor")
 
 JITTER = 0.05
 MIN_OFF_S = 0.01
+EDGE_GRID_S = 0.004
 SCAN_INTERVAL_S = 1.0
 REGION_INTERVAL_S = 1.0
 STATUS_INTERVAL_S = 1.0
@@ -157,6 +158,7 @@ class Monitor:
         self.snapshot: dict[str, Any] = {}
         self.metrics_port = 0
         self.extra_written: dict[tuple[str, int, int, int, int], int] = {}
+        self.nspid_cache: dict[ProcKey, list[int]] = {}
         self.gc_interval = max(0.5, min(5.0, cfg.gc_grace_s / 2 if cfg.gc_grace_s > 0 else 0.5))
         self._next = {"observe": 0.0, "scan": 0.0, "region": 0.0, "status": 0.0, "gc": 0.0}
         self.stopping = threading.Event()
@@ -297,6 +299,8 @@ class Monitor:
                 if owner is not None:
                     self.backstop.check(cid, g.uuid, sum(keys.values()), owner.memory_limit(g.uuid), keys, now)
         self.mapper.forget_except(live)
+        if len(self.nspid_cache) > 2 * len(live) + 64:
+            self.nspid_cache = {k: v for k, v in self.nspid_cache.items() if k in live}
         if read_regions:
             self.update_extra_bytes()
         if now >= nx["gc"]:
@@ -340,6 +344,8 @@ class Monitor:
         off = min((1.0 - d) * g.cycle_len, self.cfg.max_suspend_ms / 1000.0)
         if off < MIN_OFF_S:
             return None
+        # edges on a grid: containers with close duties share one wake-up (and one ledger write)
+        off = round(off / EDGE_GRID_S) * EDGE_GRID_S
         return g.cycle_start + g.cycle_len - off
 
     def next_edge(self, now: float) -> float:
@@ -371,7 +377,9 @@ class Monitor:
                 continue
             inner: dict[int, ProcKey] = {}
             for k in keys:
-                ns = procs.nspids(k.pid)
+                ns = self.nspid_cache.get(k)
+                if ns is None:  # a process's pid namespaces never change: read /proc/<pid>/status once
+                    ns = self.nspid_cache[k] = procs.nspids(k.pid) or []
                 if ns:
                     inner[ns[-1]] = k
             writes: dict[tuple[int, int], int] = {}

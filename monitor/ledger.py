@@ -1,15 +1,17 @@
 """The suspension ledger: every process the monitor stops, on disk, before the signal.
 
-Format (text, replaced atomically by rename):
+Format (text, append-only, compacted by an atomic rename now and then):
 
     vgpu-ledger 1
-    <pid> <start_time>
-    ...
+    + <pid> <start_time>        stopped (written before SIGSTOP)
+    - <pid> <start_time>        resumed (written after SIGCONT)
 
-Written before every SIGSTOP and after every SIGCONT, read by the guardian when
-the monitor dies and by the monitor itself when it starts (replay).  No fsync:
-the ledger must survive the death of the monitor process, which the page cache
-guarantees; if the whole machine goes down the stopped processes go with it.
+A bare `<pid> <start_time>` line means `+`.  A key is suspended when its last
+record is `+`.  Each batch of records is one write() on an O_APPEND fd, so the
+death of the monitor never leaves half a batch; appending avoids a rename
+(and ext4's flush-on-replace) per suspension.  No fsync: the ledger must
+survive the death of the monitor process, which the page cache guarantees; if
+the whole machine goes down the stopped processes go with it.
 
 `resume_all` is the single recovery path used by the guardian, the replay on
 start, and the monitor's own exit: SIGCONT every entry whose (pid, start time)
@@ -33,29 +35,42 @@ MAX_ENTRIES = 65536
 
 
 def parse(text: str) -> set[ProcKey]:
-    """Entries of a ledger; malformed lines are skipped (the file is ours, but never trust a crash)."""
+    """Suspended entries of a ledger; malformed lines are skipped (the file is ours, but never trust a crash)."""
     lines = text.splitlines()
     out: set[ProcKey] = set()
     if not lines or lines[0].strip() != HEADER:
         return out
-    for ln in lines[1 : MAX_ENTRIES + 1]:
+    for ln in lines[1:]:
         f = ln.split()
+        op = "+"
+        if len(f) == 3 and f[0] in ("+", "-"):
+            op, f = f[0], f[1:]
         if len(f) != 2 or not f[0].isdigit() or not f[1].isdigit():
             continue
         pid = int(f[0])
-        if 0 < pid < 1 << 31:
-            out.add(ProcKey(pid, int(f[1])))
+        if not 0 < pid < 1 << 31:
+            continue
+        k = ProcKey(pid, int(f[1]))
+        if op == "+":
+            if len(out) < MAX_ENTRIES:
+                out.add(k)
+        else:
+            out.discard(k)
     return out
 
 
 def render(keys: Iterable[ProcKey]) -> str:
-    return HEADER + "\n" + "".join(f"{k.pid} {k.start_time}\n" for k in sorted(keys))
+    return HEADER + "\n" + "".join(f"+ {k.pid} {k.start_time}\n" for k in sorted(keys))
+
+
+def records(op: str, keys: Iterable[ProcKey]) -> bytes:
+    return "".join(f"{op} {k.pid} {k.start_time}\n" for k in keys).encode()
 
 
 def read(path: str) -> set[ProcKey]:
     try:
         with open(path, encoding="ascii", errors="replace") as f:
-            return parse(f.read(4 << 20))
+            return parse(f.read(16 << 20))
     except FileNotFoundError:
         return set()
 
@@ -90,22 +105,44 @@ def resume_all(path: str) -> int:
 class Ledger:
     """The monitor's in-memory view of its ledger; the file always holds a superset of what is stopped."""
 
+    COMPACT_BYTES = 256 * 1024
+
     def __init__(self, path: str) -> None:
         self.path = path
         os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         self.keys: set[ProcKey] = set()
+        self.fd = -1
+        self.written = 0
+
+    def _append(self, data: bytes) -> None:
+        if self.fd < 0 or self.written > self.COMPACT_BYTES:
+            self.reopen()
+        n = os.write(self.fd, data)  # one write per batch: a regular file takes it whole
+        self.written += n
+
+    def reopen(self) -> None:
+        """Compact: rewrite the file with what is suspended now (atomic rename), append from there."""
+        self.close()
+        write(self.path, self.keys)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.written = 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def add(self, keys: Iterable[ProcKey]) -> None:
-        new = set(keys) - self.keys
+        new = [k for k in keys if k not in self.keys]
         if new:
-            self.keys |= new
-            write(self.path, self.keys)
+            self._append(records("+", new))
+            self.keys.update(new)
 
     def discard(self, keys: Iterable[ProcKey]) -> None:
-        gone = self.keys & set(keys)
+        gone = [k for k in keys if k in self.keys]
         if gone:
-            self.keys -= gone
-            write(self.path, self.keys)
+            self.keys.difference_update(gone)
+            self._append(records("-", gone))
 
     def __contains__(self, key: object) -> bool:
         return key in self.keys

@@ -35,10 +35,25 @@ class Mapper:
         self.retry_s = retry_s
         self.clock = clock
         self.cache: dict[ProcKey, str] = {}
+        self.keys: dict[int, tuple[ProcKey, float]] = {}
+        self.key_ttl_s = 1.0
         self.misses: dict[ProcKey, float] = {}
 
     def key(self, pid: int) -> ProcKey | None:
-        return procs.key_of(pid, self.proc)
+        """(pid, start time) of a pid NVML reports, re-read from /proc at most every `key_ttl_s`.
+
+        A reused pid is noticed within that time; meanwhile nothing can go wrong,
+        because every signal re-checks the start time through a pidfd."""
+        now = self.clock()
+        hit = self.keys.get(pid)
+        if hit is not None and now - hit[1] < self.key_ttl_s:
+            return hit[0]
+        k = procs.key_of(pid, self.proc)
+        if k is None:
+            self.keys.pop(pid, None)
+        else:
+            self.keys[pid] = (k, now)
+        return k
 
     def resolve(self, key: ProcKey, containers: dict[str, Container]) -> str | None:
         cid = self.cache.get(key)
@@ -59,6 +74,9 @@ class Mapper:
         return cid
 
     def forget_except(self, live: set[ProcKey]) -> None:
+        pids = {k.pid for k in live}
+        for pid in [p for p in self.keys if p not in pids]:
+            del self.keys[pid]
         for k in list(self.cache):
             if k not in live:
                 del self.cache[k]

@@ -34,30 +34,37 @@ class UtilWindow:
         self.newest = 0
         self.newest_at = 0.0  # monotonic seconds when `newest` arrived
         self.started_at: float | None = None
+        self._typical: int | None = None
 
     def typical_gap(self) -> int:
-        if not self.gaps:
-            return DEFAULT_GAP_US
-        return max(1000, min(MAX_GAP_US, int(statistics.median(self.gaps))))
+        if self._typical is None:
+            g = int(statistics.median(self.gaps)) if self.gaps else DEFAULT_GAP_US
+            self._typical = max(1000, min(MAX_GAP_US, g))
+        return self._typical
 
     def add(self, samples: list[UtilSample], now: float) -> None:
         if self.started_at is None:
             self.started_at = now
+        typical = self.typical_gap()  # once per batch
+        new_gaps = False
         for s in sorted(samples, key=lambda x: x.ts):
             prev = self.last_ts.get(s.pid)
             if prev is not None and s.ts > prev:
                 gap = s.ts - prev
                 if gap <= MAX_GAP_US:
                     self.gaps.append(gap)
-                weight = min(gap, self.typical_gap())
+                    new_gaps = True
+                weight = min(gap, typical)
             else:
-                weight = self.typical_gap()
+                weight = typical
             self.last_ts[s.pid] = s.ts
             self.first_ts.setdefault(s.pid, s.ts - weight)
             self.samples.setdefault(s.pid, deque()).append((s.ts, s.sm * weight))
             if s.ts > self.newest:
                 self.newest = s.ts
                 self.newest_at = now
+        if new_gaps:
+            self._typical = None
 
     def end(self, now: float) -> int:
         """The window's end in NVML time: the newest sample, so the window always holds whole

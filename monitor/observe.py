@@ -29,6 +29,7 @@ from vgpu.log import kv
 log = logging.getLogger("vgpu.monitor.observe")
 
 UTIL_BUFFER = 1024
+DEVICE_INFO_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -75,10 +76,14 @@ class NvmlSource:
         self.next_try = 0.0
         self.handles: list[tuple[int, str, str, Any]] = []  # index, uuid, name, handle
         self.last_seen: dict[str, int] = {}
+        self.device_read_at: dict[str, float] = {}
         self.known: dict[str, GpuObs] = {}  # last good view per uuid (for reporting while down)
         self.reinits = 0
         self.errors = 0
         self._fn_util: Any = None
+        self._fn_procs: Any = None
+        self._util_buf: Any = None
+        self._proc_buf: Any = None
         self._global_codes = {
             getattr(self.nv, n)
             for n in (
@@ -111,6 +116,10 @@ class NvmlSource:
                     name = ""
                 handles.append((i, uuid, name, h))
             self._fn_util = nv._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+            try:
+                self._fn_procs = nv._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
+            except nv.NVMLError:
+                self._fn_procs = None  # old driver: pynvml's wrapper picks what exists
         except Exception as e:  # NVMLError and ctypes load failures alike
             self.errors += 1
             self._fail(f"init: {e}")
@@ -187,26 +196,57 @@ class NvmlSource:
 
     def _read(self, h: Any, obs: GpuObs) -> None:
         nv = self.nv
-        mem = nv.nvmlDeviceGetMemoryInfo(h)
-        obs.memory_total = int(mem.total)
-        obs.memory_used = int(mem.used)
-        try:
-            obs.util = int(nv.nvmlDeviceGetUtilizationRates(h).gpu)
-        except nv.NVMLError_NotSupported:
-            obs.util = 0
-        for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
-            used = p.usedGpuMemory
-            pid = int(p.pid)
+        # device totals only feed metrics and status: read them once a second
+        prev = self.known.get(obs.uuid)
+        now = self.clock()
+        if prev is None or now - self.device_read_at.get(obs.uuid, 0.0) >= DEVICE_INFO_INTERVAL_S:
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            obs.memory_total = int(mem.total)
+            obs.memory_used = int(mem.used)
+            try:
+                obs.util = int(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+            except nv.NVMLError_NotSupported:
+                obs.util = 0
+            self.device_read_at[obs.uuid] = now
+        else:
+            obs.memory_total, obs.memory_used, obs.util = prev.memory_total, prev.memory_used, prev.util
+        for pid, used in self._processes(h):
             if 0 < pid < 1 << 22:
-                obs.procs[pid] = obs.procs.get(pid, 0) + (int(used) if used is not None else 0)
+                obs.procs[pid] = obs.procs.get(pid, 0) + (used if used < 1 << 63 else 0)
         obs.samples = self._util_samples(h, obs)
+
+    def _processes(self, h: Any) -> list[tuple[int, int]]:
+        """(pid, used bytes) of processes with a compute context: `_v3` into a reused buffer
+        (pynvml's wrapper builds Python objects per entry, several times slower)."""
+        nv = self.nv
+        if self._fn_procs is None:
+            out = []
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                used = p.usedGpuMemory
+                out.append((int(p.pid), int(used) if used is not None else 0))
+            return out
+        n = len(self._proc_buf) if self._proc_buf is not None else 64
+        while True:
+            if self._proc_buf is None or len(self._proc_buf) < n:
+                self._proc_buf = (nv.c_nvmlProcessInfo_t * n)()
+            buf = self._proc_buf
+            count = ctypes.c_uint(len(buf))
+            ret = self._fn_procs(h, ctypes.byref(count), buf)
+            if ret == nv.NVML_ERROR_INSUFFICIENT_SIZE and n < 1 << 16:
+                n = max(n * 2, count.value * 2 + 5)
+                continue
+            if ret != nv.NVML_SUCCESS:
+                raise nv.NVMLError(ret)
+            return [(int(buf[i].pid), int(buf[i].usedGpuMemory)) for i in range(min(count.value, len(buf)))]
 
     def _util_samples(self, h: Any, obs: GpuObs) -> list[UtilSample]:
         nv = self.nv
         last = self.last_seen.get(obs.uuid, 0)
-        n = UTIL_BUFFER
+        n = len(self._util_buf) if self._util_buf is not None else UTIL_BUFFER
         while True:
-            buf = (nv.c_nvmlProcessUtilizationSample_t * n)()
+            if self._util_buf is None or len(self._util_buf) < n:
+                self._util_buf = (nv.c_nvmlProcessUtilizationSample_t * n)()
+            buf = self._util_buf
             count = ctypes.c_uint(n)
             ret = self._fn_util(h, buf, ctypes.byref(count), ctypes.c_ulonglong(last))
             if ret == nv.NVML_ERROR_NOT_FOUND:

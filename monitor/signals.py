@@ -62,3 +62,56 @@ def kill(key: ProcKey) -> bool:
     if ok:
         send(key, signal.SIGCONT)
     return ok
+
+
+def open_verified(key: ProcKey, proc: str = "/proc") -> int:
+    """A pidfd for `key`, or -1 if it is gone, names another process, or pidfds are unsupported."""
+    if not _HAVE_PIDFD:
+        return -1
+    try:
+        fd = os.pidfd_open(key.pid)
+    except OSError:
+        return -1
+    st = read_stat(key.pid, proc)
+    if st is None or st.start_time != key.start_time:
+        os.close(fd)
+        return -1
+    return fd
+
+
+class PidfdCache:
+    """Verified pidfds of the processes the monitor signals over and over.
+
+    A pidfd always names the process it was opened for, so once verified it
+    needs no start-time check again: a stop or a resume is one syscall."""
+
+    def __init__(self) -> None:
+        self.fds: dict[ProcKey, list[float | int]] = {}  # key -> [fd, last used]
+
+    def send(self, key: ProcKey, sig: int, now: float) -> bool:
+        ent = self.fds.get(key)
+        if ent is None:
+            fd = open_verified(key)
+            if fd < 0:
+                return send(key, sig) if not _HAVE_PIDFD else False
+            ent = self.fds[key] = [fd, now]
+        ent[1] = now
+        try:
+            signal.pidfd_send_signal(int(ent[0]), sig)
+            return True
+        except OSError:  # ESRCH: it exited (a zombie's pidfd still takes signals)
+            self.drop(key)
+            return False
+
+    def drop(self, key: ProcKey) -> None:
+        ent = self.fds.pop(key, None)
+        if ent is not None:
+            os.close(int(ent[0]))
+
+    def prune(self, now: float, idle_s: float = 10.0) -> None:
+        for k in [k for k, e in self.fds.items() if now - e[1] > idle_s]:
+            self.drop(k)
+
+    def close(self) -> None:
+        for k in list(self.fds):
+            self.drop(k)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -57,12 +58,14 @@ class Suspender:
         self.cooldown: dict[ProcKey, float] = {}  # key -> not before
         self.stats: dict[str, ContainerStats] = {}
         self.guardian_restarts = 0
+        self.fds = signals.PidfdCache()
         self.signal_errors = 0
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> int:
         """Replay the ledger left by a previous monitor, then arm a guardian. Returns how many were resumed."""
         n = ledgermod.resume_all(self.ledger.path)
+        self.ledger.reopen()
         if self.use_guardian:
             self._spawn_guardian()
         return n
@@ -118,10 +121,13 @@ class Suspender:
             self.guardian_restarts += 1
         self.armed = False
         self.resume_all(now=None)
+        self.ledger.reopen()  # a dying guardian may have replaced the file under our fd
         self._spawn_guardian()
 
     def close(self) -> None:
         self.resume_all(now=None)
+        self.fds.close()
+        self.ledger.close()
         ledgermod.resume_all(self.ledger.path)
         g = self.guardian
         if g is not None and g.poll() is None:
@@ -153,7 +159,7 @@ class Suspender:
         self.ledger.add(stop)
         failed = []
         for k in stop:
-            if signals.stop(k):
+            if self.fds.send(k, signal.SIGSTOP, now):
                 cid = want[k]
                 self.stopped[k] = (cid, now)
                 st = self.stats.setdefault(cid, ContainerStats())
@@ -169,7 +175,7 @@ class Suspender:
         touched: set[str] = set()
         for k in keys:
             entry = self.stopped.pop(k, None)
-            signals.cont(k)  # False when the process is gone: nothing to resume
+            self.fds.send(k, signal.SIGCONT, now if now is not None else 0.0)  # False when it is gone
             if entry is not None:
                 touched.add(entry[0])
                 if now is not None:
@@ -198,6 +204,9 @@ class Suspender:
         dead = [k for k in self.stopped if not procs.alive(k)]
         if dead:
             self._resume(dead, now)
+        for k in [k for k in self.fds.fds if k not in self.stopped and not procs.alive(k)]:
+            self.fds.drop(k)
+        self.fds.prune(now)
 
     def suspended_seconds(self, cid: str, now: float) -> float:
         st = self.stats.get(cid)

@@ -38,6 +38,21 @@ def test_ledger_roundtrip_and_garbage(tmp_path: Path) -> None:
     assert ledger.read(str(tmp_path / "missing")) == set()
 
 
+def test_ledger_appends_and_compacts(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger")
+    led = ledger.Ledger(path)
+    led.add([ProcKey(5, 50), ProcKey(6, 60)])
+    led.discard([ProcKey(5, 50)])
+    led.add([ProcKey(7, 70)])
+    assert ledger.read(path) == {ProcKey(6, 60), ProcKey(7, 70)}
+    assert "- 5 50" in (tmp_path / "ledger").read_text()
+    led.COMPACT_BYTES = 0  # next write compacts first
+    led.add([ProcKey(8, 80)])
+    text = (tmp_path / "ledger").read_text()
+    assert "5 50" not in text and ledger.read(path) == {ProcKey(6, 60), ProcKey(7, 70), ProcKey(8, 80)}
+    led.close()
+
+
 def test_stop_and_cont_real_process(procs: Procs) -> None:
     p = procs.spawn(["sleep", "60"])
     k = key(p.pid)
