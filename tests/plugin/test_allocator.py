@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from device_plugin.allocator import AllocationError, preferred, slice_for
 from device_plugin.devices import DeviceTable, Slicing, parse_vgpu_id, vgpu_id
@@ -131,3 +133,30 @@ def test_slice_rejects_duplicates_and_unhealthy() -> None:
     t.mark_unhealthy(t.by_id[a[0]], "xid 79")
     with pytest.raises(AllocationError, match="unhealthy"):
         slice_for(t, [a[1]])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 5),
+    k=st.integers(1, 6),
+    data=st.data(),
+    policy=st.sampled_from(["spread", "binpack"]),
+)
+def test_preferred_invariants(n: int, k: int, data: st.DataObject, policy: str) -> None:
+    t = table(n, k)
+    ids = t.all_ids()
+    available = data.draw(st.lists(st.sampled_from(ids), unique=True))
+    must = data.draw(st.lists(st.sampled_from(available), unique=True, max_size=3)) if available else []
+    size = data.draw(st.integers(len(must), len(ids)))
+    out = preferred(t, available, must, size, policy)
+    assert out[: len(must)] == must
+    assert len(out) == len(set(out)) == min(size, len(available))
+    assert set(out) <= set(available)
+    # distinct physical GPUs first: the result spans as many GPUs as it can
+    free_gpus = {t.by_id[d] for d in available}
+    used = {t.by_id[d] for d in out}
+    if not must:
+        assert len(used) == min(len(out), len(free_gpus))
+    else:
+        assert used >= {t.by_id[d] for d in must}
+        assert len(used) >= min(len(out), len(free_gpus | {t.by_id[d] for d in must})) - len(must)
