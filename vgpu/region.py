@@ -17,8 +17,10 @@ import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from vgpu.limits import DeviceLimit
+if TYPE_CHECKING:  # annotation only: keeps msgspec off the OCI hook's import path
+    from vgpu.limits import DeviceLimit
 
 MAGIC = 0x4E4F494745525056
 VERSION = 1
