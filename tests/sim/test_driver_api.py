@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -397,3 +398,99 @@ def test_a_forked_child_is_a_process_of_its_own(fakegpu: FakeGPU) -> None:
     assert out["during"] == {me: 64 << 20, child: 32 << 20}
     assert out["after"] == {me: 64 << 20}
     assert out["free"] == 0
+
+
+CONTEXTS_AND_LAUNCHES = """
+from ctypes import POINTER, Structure, byref, c_int, c_size_t, c_uint, c_ulonglong, c_void_p, cast, sizeof
+import subprocess
+def me():
+    st = json.loads(subprocess.check_output([CTL, "dump"]))
+    rows = [p for p in st["processes"] if p["pid"] == os.getpid()]
+    return rows[0]["devices"][0] if rows and rows[0]["devices"] else {}
+res = {}
+ck(cu.cuInit(0), "init")
+a, b = c_void_p(), c_void_p()
+ck(cu.cuCtxCreate_v2(byref(a), 0, 0), "create a")
+ck(cu.cuCtxCreate_v2(byref(b), 0, 0), "create b")  # b is current now
+res["contexts"] = me()["contexts"]
+rc, p = alloc(1 << 20)
+ck(cu.cuCtxPopCurrent_v2(None), "pop b")  # a is current
+res["current_is_a"] = (lambda c: (cu.cuCtxGetCurrent(byref(c)), c.value == a.value)[1])(c_void_p())
+ck(cu.cuCtxDestroy_v2(b), "destroy b")  # frees b's allocation and its overhead
+d = me()
+res["after_destroy"] = [d["contexts"], d["allocated"]]
+res["destroy_twice"] = cu.cuCtxDestroy_v2(b)
+mod, fn, bad = c_void_p(), c_void_p(), c_void_p()
+ck(cu.cuModuleLoadData(byref(mod), b"\\x7fELF whatever"), "module")
+ck(cu.cuModuleGetFunction(byref(fn), mod, b"spin_us"), "spin_us")
+res["unknown_kernel"] = cu.cuModuleGetFunction(byref(bad), mod, b"matmul")
+us = c_ulonglong(20000)
+params = (c_void_p * 1)(cast(byref(us), c_void_p))
+s = c_void_p()
+ck(cu.cuStreamCreate(byref(s), 0), "stream")
+ev0, ev1 = c_void_p(), c_void_p()
+ck(cu.cuEventCreate(byref(ev0), 0), "event")
+ck(cu.cuEventCreate(byref(ev1), 0), "event")
+ck(cu.cuEventRecord(ev0, s), "record")
+ck(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, s, params, None), "launch")
+class Cfg(Structure):
+    _fields_ = [("g", c_uint * 3), ("b", c_uint * 3), ("shm", c_uint), ("stream", c_void_p), ("attrs", c_void_p),
+                ("nattrs", c_uint)]
+cfg = Cfg((c_uint * 3)(1, 1, 1), (c_uint * 3)(64, 1, 1), 0, s, None, 0)
+ck(cu.cuLaunchKernelEx(byref(cfg), fn, params, None), "launch ex")
+buf = c_ulonglong(20000)
+size = c_size_t(8)
+extra = (c_void_p * 5)(c_void_p(1), cast(byref(buf), c_void_p), c_void_p(2), cast(byref(size), c_void_p), None)
+ck(cu.cuLaunchCooperativeKernel(fn, 1, 1, 1, 1, 1, 1, 0, s, params), "cooperative")
+ck(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, s, None, extra), "extra form")
+ck(cu.cuEventRecord(ev1, s), "record")
+res["query_busy"] = cu.cuStreamQuery(s)
+res["bad_grid"] = cu.cuLaunchKernel(fn, 0, 1, 1, 1, 1, 1, 0, s, params, None)
+res["bad_block"] = cu.cuLaunchKernel(fn, 1, 1, 1, 2048, 1, 1, 0, s, params, None)
+res["no_params"] = cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, s, None, None)
+ck(cu.cuStreamSynchronize(s), "sync")
+res["query_done"] = cu.cuStreamQuery(s)
+ms = ctypes.c_float()
+ck(cu.cuEventElapsedTime(byref(ms), ev0, ev1), "elapsed")
+res["elapsed_ms"] = ms.value
+d = me()
+res["launched"] = [d["launched"], d["completed"], d["exec_ns"]]
+ck(cu.cuStreamDestroy_v2(s), "stream destroy")
+print(json.dumps(res))
+"""
+
+
+def test_contexts_streams_events_and_launch_forms(tmp_path: Path, build_dir: Path) -> None:
+    gpu = FakeGPU(tmp_path / "node", build_dir, gpus=1, context_overhead=10 << 20)
+    try:
+        out = py(gpu, f"CTL = {gpu.ctl_path!r}", CONTEXTS_AND_LAUNCHES)
+    finally:
+        gpu.close()
+    assert out["contexts"] == 2
+    assert out["current_is_a"] is True
+    assert out["after_destroy"] == [1, 0]
+    assert out["destroy_twice"] == 201
+    assert out["unknown_kernel"] == 500
+    assert out["query_busy"] == 600
+    assert out["bad_grid"] == 1 and out["bad_block"] == 1 and out["no_params"] == 1
+    assert out["query_done"] == 0
+    assert out["launched"] == [4, 4, 4 * 20_000_000]
+    assert out["elapsed_ms"] >= 4 * 20 * 0.9
+
+
+def test_invalid_configuration_is_reported(tmp_path: Path, build_dir: Path) -> None:
+    gpu = FakeGPU(tmp_path / "node", build_dir, gpus=1)
+    try:
+        gpu.config_path.write_text("[device]\nmemory = lots\n")
+        gpu.state_path.unlink()
+        with pytest.raises(RuntimeError, match=r"fakegpu.conf:2: invalid value for key `memory`"):
+            gpu.ctl("init")
+        r = gpu.run([gpu.burn])
+        assert r.returncode == 1
+        assert "invalid value for key `memory`" in r.stderr
+        assert json.loads(r.stdout)["init_result"] == 100  # CUDA_ERROR_NO_DEVICE
+        gpu.config_path.write_text("colour = blue\n")
+        with pytest.raises(RuntimeError, match="unknown key `colour`"):
+            gpu.ctl("init")
+    finally:
+        gpu.close()

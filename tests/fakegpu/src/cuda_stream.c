@@ -230,11 +230,14 @@ static CUresult event_record(CUevent e, CUstream s, int per_thread)
     fg_sim_advance(st, dev, fg_now());
     const struct fg_pdev *p = &st->slots[fg_g.slot].dev[dev];
     /* completed counts are per process/device; the stream's pending kernels come first */
-    e->target = p->completed + fg_sim_pending(st, fg_g.slot, dev, -1);
+    uint32_t pending = fg_sim_pending(st, fg_g.slot, dev, -1);
+    e->target = p->completed + pending;
     fg_unlock();
     e->dev = dev;
     e->idx = idx;
-    e->done_ns = 0;
+    /* nothing queued: complete now; else when first seen complete (the simulation does not keep
+     * per-kernel completion times: a synchronised event is seen within the polling delay) */
+    e->done_ns = pending ? 0 : fg_now();
     return CUDA_SUCCESS;
 }
 

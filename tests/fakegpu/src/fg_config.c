@@ -122,8 +122,24 @@ static int set_str(char *dst, size_t len, const char *v)
     return 0;
 }
 
+static int known(const char *k, const char *const *keys)
+{
+    for (; *keys; keys++)
+        if (!strcmp(k, *keys))
+            return 1;
+    return 0;
+}
+
+static const char *const DEVICE_KEYS[] = {"uuid", "name", "pci_bus_id", "numa_node", "memory", "context_overhead",
+                                          "reserved", "pci_device_id", "sm_count", "cc_major", "cc_minor",
+                                          "minor_number", NULL};
+static const char *const NODE_KEYS[] = {"driver_version", "queue_depth", "timeslice_us", "sample_period_ms",
+                                        "util_window_ms", "cuda_version", "gpus", NULL};
+
 static int device_key(struct fg_devcfg *d, const char *k, const char *v)
 {
+    if (!known(k, DEVICE_KEYS))
+        return -2;
     uint64_t u;
     int64_t i;
     unsigned a, b, c, e;
@@ -166,6 +182,8 @@ static int device_key(struct fg_devcfg *d, const char *k, const char *v)
 static int global_key(struct fg_config *c, const char *k, const char *v)
 {
     uint64_t u;
+    if (!known(k, NODE_KEYS))
+        return -2;
     if (!strcmp(k, "driver_version"))
         return set_str(c->driver_version, sizeof(c->driver_version), v);
     if (parse_u64(v, &u) != 0)
