@@ -33,6 +33,7 @@ static CUarray arrs[MAXP];
 static int narr;
 static CUmemoryPool pool;
 static CUdevice cur_dev;
+static CUcontext cur_ctx;
 static CUfunction noop_fn;
 
 static const char noop_ptx[] = ".version 6.0\n.target sm_50\n.address_size 64\n.visible .entry noop()\n{\n ret;\n}\n";
@@ -53,7 +54,7 @@ static void usage(void)
             " info / total        cuMemGetInfo_v2 / cuDeviceTotalMem_v2\n"
             " launch N            N x cuLaunchKernel (prints ns per call)\n"
             " hooks               which entry points resolve into libvgpu\n"
-            " race ITER MAX SEED  random alloc/free (<=16 live) of 1..MAX bytes\n"
+            " race ITER MAX SEED [US]  random alloc/free (<=16 live) of 1..MAX bytes, US us apart\n"
             " threads NT ITER SIZE  NT threads x ITER alloc+free\n"
             " fork CMD... end     run CMD... in a forked child; waitchild\n"
             " rtld_next           dlsym(RTLD_NEXT) resolves relative to the caller\n"
@@ -99,10 +100,12 @@ static void cmd_init(int dev)
     NEEDF(cuCtxSetCurrent);
     if ((rc = A.cuDeviceGet(&cur_dev, dev)) || (rc = A.cuDevicePrimaryCtxRetain(&ctx, cur_dev)) ||
         (rc = A.cuCtxSetCurrent(ctx))) {
+        cur_ctx = NULL;
         printf("init rc=%d\n", rc);
         fflush(stdout);
         exit(3);
     }
+    cur_ctx = ctx;
     printf("init rc=0 dev=%d\n", dev);
 }
 
@@ -131,6 +134,8 @@ struct thr {
 static void *thr_main(void *arg)
 {
     struct thr *t = arg;
+    if (cur_ctx)
+        A.cuCtxSetCurrent(cur_ctx); /* contexts are current per thread */
     for (int i = 0; i < t->iter; i++) {
         CUdeviceptr p;
         if (A.cuMemAlloc_v2(&p, t->size) != CUDA_SUCCESS) {
@@ -172,8 +177,10 @@ int main(int argc, char **argv)
             size_t n = num(ARG());
             CUdeviceptr p = 0;
             NEEDF(cuMemAlloc_v2);
+            double t0 = now_ns();
             CUresult rc = A.cuMemAlloc_v2(&p, n);
-            printf("alloc size=%zu rc=%d idx=%d\n", n, rc, rc ? -1 : nptr);
+            double t1 = now_ns();
+            printf("alloc size=%zu rc=%d idx=%d ns=%.0f\n", n, rc, rc ? -1 : nptr, t1 - t0);
             if (!rc)
                 add_ptr(p, n);
         } else if (!strcmp(c, "free") || !strcmp(c, "afree")) {
@@ -334,9 +341,14 @@ int main(int argc, char **argv)
         } else if (!strcmp(c, "race")) {
             unsigned long long iter = num(ARG()), max = num(ARG());
             unsigned seed = (unsigned)num(ARG());
+            unsigned pause_us = 0; /* optional: pause between operations */
+            if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9')
+                pause_us = (unsigned)num(argv[++i]);
             CUdeviceptr live[16] = {0};
             unsigned long long ok = 0, oom = 0, other = 0;
             for (unsigned long long k = 0; k < iter; k++) {
+                if (pause_us)
+                    usleep(pause_us);
                 int s = (int)(rand_r(&seed) % 16);
                 if (live[s]) {
                     if (A.cuMemFree_v2(live[s]) != CUDA_SUCCESS)
