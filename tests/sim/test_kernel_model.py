@@ -158,3 +158,38 @@ def test_kill_9_while_holding_the_state_lock_blocks_nobody(fakegpu: FakeGPU) -> 
 
 def read_json_line_text(text: str) -> Any:
     return json.loads(text.splitlines()[-1])
+
+
+def test_readers_do_not_wait_for_a_stopped_lock_holder(fakegpu: FakeGPU) -> None:
+    """A monitor SIGSTOPs processes; one stopped inside the simulator's lock must not hang NVML."""
+    p = fakegpu.popen([fakegpu.burn, "--alloc", "1g", "--hold", "60"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and json.loads(p.stdout.readline())["alloc_result"] == 0
+    holder = fakegpu.popen([fakegpu.ctl_path, "hold-lock", "600"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        st = fakegpu.state()
+        code = (
+            "import json, pynvml\n"
+            "pynvml.nvmlInit()\n"
+            "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+            "print(json.dumps([pynvml.nvmlDeviceGetMemoryInfo(h).used,"
+            " [q.pid for q in pynvml.nvmlDeviceGetComputeRunningProcesses(h)],"
+            " pynvml.nvmlDeviceGetUtilizationRates(h).gpu]))\n"
+        )
+        import sys
+
+        r = fakegpu.run([sys.executable, "-c", code], timeout=60)
+        elapsed = time.monotonic() - t0
+        assert r.returncode == 0, r.stderr
+        used, pids, util = json.loads(r.stdout)
+        assert st["snapshot"] is True
+        assert proc_dev(st, p.pid)["allocated"] == 1 << 30
+        assert pids == [p.pid] and used == (1 << 30) + (300 << 20) and util == 0
+        assert elapsed < 10  # answered from snapshots (20 ms lock timeout per call), not after the stop
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    holder.kill()
+    holder.wait()
+    assert fakegpu.state()["snapshot"] is False

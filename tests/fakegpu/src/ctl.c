@@ -52,13 +52,13 @@ static void json_str(const char *s)
 
 static void dump(void)
 {
-    struct fg_state *st = fg_g.st;
-    fg_lock();
-    fg_reap();
+    int locked;
+    struct fg_state *st = fg_read_begin(&locked);
+    fg_reap_in(st);
     uint64_t now = fg_now();
     fg_sim_advance_all(st, now);
-    printf("{\"version\":%u,\"now_ns\":%llu,\"queue_depth\":%u,\"timeslice_ns\":%llu,\"period_ns\":%llu,", st->h.version,
-           (unsigned long long)now, st->h.queue_depth, (unsigned long long)st->h.timeslice_ns,
+    printf("{\"version\":%u,\"snapshot\":%s,\"now_ns\":%llu,\"queue_depth\":%u,\"timeslice_ns\":%llu,\"period_ns\":%llu,", st->h.version,
+           locked ? "false" : "true", (unsigned long long)now, st->h.queue_depth, (unsigned long long)st->h.timeslice_ns,
            (unsigned long long)st->h.period_ns);
     printf("\"devices\":[");
     for (unsigned d = 0; d < st->h.ndev; d++) {
@@ -105,7 +105,7 @@ static void dump(void)
         printf("]}");
     }
     printf("]}\n");
-    fg_unlock();
+    fg_read_end(locked);
 }
 
 int main(int argc, char **argv)

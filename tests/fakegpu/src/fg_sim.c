@@ -118,7 +118,8 @@ void fg_sim_advance(struct fg_state *st, int dev, uint64_t now)
             ds->sim_time = now;
         return;
     }
-    while (t < now) {
+    /* bounded: a snapshot read without the lock may hold a half-made change (fg_read_begin) */
+    for (unsigned long guard = 0; t < now && guard < 4000000UL; guard++) {
         uint32_t cur = ds->cur_slot;
         if (cur >= FG_MAX_SLOTS || ds->slice_left == 0 || st->slots[cur].state != FG_SLOT_LIVE ||
             pdev_pending(&st->slots[cur].dev[dev]) == 0) {
@@ -137,6 +138,8 @@ void fg_sim_advance(struct fg_state *st, int dev, uint64_t now)
         }
         struct fg_pdev *p = &st->slots[cur].dev[dev];
         int si = pick_stream(p);
+        if (si < 0)
+            break;
         struct fg_stream *s = &p->streams[si];
         struct fg_qent *e = &s->q[s->head];
         uint64_t avail = now - t < ds->slice_left ? now - t : ds->slice_left;

@@ -68,6 +68,71 @@ void fg_unlock(void)
     pthread_mutex_unlock(&g_mu);
 }
 
+static void nap(uint64_t ns)
+{
+    struct timespec ts = {0, (long)ns};
+    nanosleep(&ts, NULL);
+}
+
+int fg_lock_timed(uint64_t timeout_ns)
+{
+    uint64_t deadline = fg_now() + timeout_ns;
+    struct timespec abs;
+    clock_gettime(CLOCK_REALTIME, &abs);
+    uint64_t ns = (uint64_t)abs.tv_nsec + timeout_ns;
+    abs.tv_sec += (time_t)(ns / 1000000000ULL);
+    abs.tv_nsec = (long)(ns % 1000000000ULL);
+    /* another thread of this process may be blocked in the lock (on a stopped holder) */
+    if (pthread_mutex_timedlock(&g_mu, &abs) != 0)
+        return -1;
+    uint64_t backoff = 20000;
+    for (;;) {
+        if (ofd_lock(fg_g.fd, F_WRLCK, FG_LOCK_GLOBAL, 0) == 0)
+            return 0;
+        uint64_t now = fg_now();
+        if (now >= deadline) {
+            pthread_mutex_unlock(&g_mu);
+            return -1;
+        }
+        nap(backoff < deadline - now ? backoff : deadline - now);
+        if (backoff < 1000000)
+            backoff *= 2;
+    }
+}
+
+static struct fg_state *g_snap;
+static pthread_mutex_t g_snap_mu = PTHREAD_MUTEX_INITIALIZER;
+
+struct fg_state *fg_read_begin(int *locked)
+{
+    if (fg_lock_timed(FG_READ_TIMEOUT_NS) == 0) {
+        *locked = 1;
+        return fg_g.st;
+    }
+    /* Reading without the lock may see a half-made change of the stopped holder: a snapshot is
+     * good enough for a monitoring answer and never blocks.  One buffer per process, guarded. */
+    *locked = 0;
+    pthread_mutex_lock(&g_snap_mu);
+    if (!g_snap)
+        g_snap = malloc(sizeof(*g_snap));
+    if (!g_snap) {
+        pthread_mutex_unlock(&g_snap_mu);
+        fg_lock(); /* no memory for a snapshot: wait after all */
+        *locked = 1;
+        return fg_g.st;
+    }
+    memcpy(g_snap, fg_g.st, sizeof(*g_snap));
+    return g_snap;
+}
+
+void fg_read_end(int locked)
+{
+    if (locked)
+        fg_unlock();
+    else
+        pthread_mutex_unlock(&g_snap_mu);
+}
+
 static void init_state(struct fg_state *st, const struct fg_config *c)
 {
     memset(st, 0, sizeof(*st));
@@ -240,7 +305,11 @@ void fg_release_slot(struct fg_state *st, int slot)
 
 void fg_reap(void)
 {
-    struct fg_state *st = fg_g.st;
+    fg_reap_in(fg_g.st);
+}
+
+void fg_reap_in(struct fg_state *st)
+{
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
         if (st->slots[s].state != FG_SLOT_LIVE || s == fg_g.slot)
             continue;
@@ -293,6 +362,7 @@ void fg_atfork_child(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_mu = fresh;
     g_open_mu = fresh;
+    g_snap_mu = fresh;
     if (fg_g.st)
         munmap(fg_g.st, sizeof(struct fg_state));
     if (fg_g.fd >= 0)

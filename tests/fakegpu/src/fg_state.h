@@ -171,10 +171,20 @@ int fg_open(int quiet);
 int fg_reset(void);
 void fg_lock(void);
 void fg_unlock(void);
+/* Takes the lock within timeout_ns: 0, or -1 (nothing held) when it could not. */
+int fg_lock_timed(uint64_t timeout_ns);
+/* Readers (NVML, fakegpu-ctl dump): the live state, locked; or, when the lock cannot be had within
+ * FG_READ_TIMEOUT_NS (its holder is stopped — a monitor SIGSTOPs processes — or starved), a
+ * private snapshot of it, which the reader may advance and reap at will.  Pass *locked to
+ * fg_read_end. */
+#define FG_READ_TIMEOUT_NS 20000000ULL
+struct fg_state *fg_read_begin(int *locked);
+void fg_read_end(int locked);
 /* Registers this process in a slot (holding its liveness lock).  Call with the lock held. */
 int fg_register(void);
-/* Reclaims the slots of dead processes.  Call with the lock held. */
+/* Reclaims the slots of dead processes.  Call with the lock held (or on a snapshot). */
 void fg_reap(void);
+void fg_reap_in(struct fg_state *st);
 int fg_slot_alive(int slot);
 uint64_t fg_now(void); /* CLOCK_MONOTONIC ns */
 uint64_t fg_dev_used(const struct fg_state *st, int dev);

@@ -342,13 +342,13 @@ static nvmlReturn_t memory(nvmlDevice_t d, uint64_t *total, uint64_t *reserved, 
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    struct fg_state *st = fg_g.st;
-    fg_lock();
-    fg_reap();
+    int locked;
+    struct fg_state *st = fg_read_begin(&locked);
+    fg_reap_in(st);
     *used = fg_dev_used(st, i);
-    fg_unlock();
     *total = st->cfg[i].memory;
     *reserved = st->cfg[i].reserved;
+    fg_read_end(locked);
     return NVML_SUCCESS;
 }
 

@@ -73,9 +73,7 @@ FG_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long 
         return NVML_ERROR_INVALID_ARGUMENT;
     if (types & ~NVML_EVENTS_SUPPORTED)
         return NVML_ERROR_NOT_SUPPORTED;
-    fg_lock();
-    uint64_t seq = fg_g.st->ds[i].xid_seq;
-    fg_unlock();
+    uint64_t seq = __atomic_load_n(&fg_g.st->ds[i].xid_seq, __ATOMIC_ACQUIRE);
     pthread_mutex_lock(&g_emu);
     if (!(s->mask[i] & NVML_EVENT_XID))
         s->cursor[i] = seq;
@@ -90,7 +88,10 @@ static int poll_once(struct nvml_evset *s, fg_event_data *out, int full)
     struct fg_state *st = fg_g.st;
     int got = 0;
     pthread_mutex_lock(&g_emu);
-    fg_lock();
+    if (fg_lock_timed(FG_READ_TIMEOUT_NS) != 0) { /* try again at the next poll */
+        pthread_mutex_unlock(&g_emu);
+        return 0;
+    }
     for (;;) {
         int best = -1;
         uint64_t best_seq = 0, best_time = 0;

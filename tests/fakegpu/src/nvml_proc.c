@@ -57,10 +57,10 @@ static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    struct fg_state *st = fg_g.st;
+    int locked;
+    struct fg_state *st = fg_read_begin(&locked);
     *n = 0;
-    fg_lock();
-    fg_reap();
+    fg_reap_in(st);
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
         if (st->slots[s].state != FG_SLOT_LIVE || st->slots[s].dev[i].contexts == 0)
             continue;
@@ -71,7 +71,7 @@ static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
         rows[*n].mem = fg_pdev_used(st, s, i);
         (*n)++;
     }
-    fg_unlock();
+    fg_read_end(locked);
     return NVML_SUCCESS;
 }
 
@@ -167,11 +167,11 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n,
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    struct fg_state *st = fg_g.st;
+    int locked;
+    struct fg_state *st = fg_read_begin(&locked);
     *n = 0;
     *nlive = 0;
-    fg_lock();
-    fg_reap();
+    fg_reap_in(st);
     uint64_t now = fg_now();
     fg_sim_advance(st, i, now);
     uint64_t P = st->h.period_ns;
@@ -199,7 +199,7 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n,
             (*n)++;
         }
     }
-    fg_unlock();
+    fg_read_end(locked);
     return NVML_SUCCESS;
 }
 
@@ -273,8 +273,8 @@ FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fg_utilization
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    struct fg_state *st = fg_g.st;
-    fg_lock();
+    int locked;
+    struct fg_state *st = fg_read_begin(&locked);
     uint64_t now = fg_now();
     fg_sim_advance(st, i, now);
     uint64_t P = st->h.period_ns, done = now / P;
@@ -289,7 +289,7 @@ FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fg_utilization
         if (e->idx == j)
             busy += e->busy;
     }
-    fg_unlock();
+    fg_read_end(locked);
     uint64_t pct = (busy * 100 + k * P / 2) / (k * P);
     u->gpu = (unsigned)(pct > 100 ? 100 : pct);
     u->memory = 0;
