@@ -10,10 +10,11 @@ NVML facts this relies on (see docs/monitor.md):
   about its clock), NVML_ERROR_NOT_FOUND meaning "no newer samples".  Rows are
   kept only if the pid has a context, every utilisation is <= 100 and the
   timestamp is newer than lastSeen (garbage rows were seen in the field).
-- Any other error marks that GPU down for the loop; errors meaning the
-  library or driver went away (UNINITIALIZED, UNKNOWN, DRIVER_NOT_LOADED,
-  LIB_RM_VERSION_MISMATCH, GPU_IS_LOST on every device) trigger a full
-  nvmlShutdown/nvmlInit, retried with exponential backoff.
+- Any other error (GPU_IS_LOST included) marks that GPU down for the loop;
+  the others carry on.  Errors meaning the library or driver went away
+  (UNINITIALIZED, UNKNOWN, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH), or
+  every GPU failing at once, trigger a full nvmlShutdown/nvmlInit, retried
+  with exponential backoff.
 """
 
 from __future__ import annotations
@@ -179,20 +180,19 @@ class NvmlSource:
                 prev = self.known.get(uuid)
                 if prev:
                     obs.memory_total = prev.memory_total
-                if getattr(e, "value", None) in self._global_codes or self._is_lost(e):
+                if getattr(e, "value", None) in self._global_codes:
                     global_fail = str(e)
             out.append(obs)
             if obs.up:
                 self.known[uuid] = obs
+        if out and not any(o.up for o in out):
+            global_fail = global_fail or out[0].error  # every GPU failing: start NVML over
         if global_fail:
             self._fail(global_fail)
             for o in out:
                 o.up = False
                 o.error = o.error or global_fail
         return out
-
-    def _is_lost(self, e: Any) -> bool:
-        return getattr(e, "value", None) == getattr(self.nv, "NVML_ERROR_GPU_IS_LOST", -1)
 
     def _read(self, h: Any, obs: GpuObs) -> None:
         nv = self.nv

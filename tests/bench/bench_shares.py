@@ -79,7 +79,7 @@ def run_case(gpu: FakeGPU, root: Path, shares: list[int], seconds: float, policy
         for w in workers:
             w.kill()
     join = workers[-1].released_at or join_at
-    targets = {w.pid: float(s) for w, s in zip(workers, shares)}
+    targets = {w.pid: float(s) for w, s in zip(workers, shares, strict=True)}
 
     def shares_over(i: int, j: int) -> dict[int, float] | None:
         (t0, a), (t1, b) = samples[i], samples[j]

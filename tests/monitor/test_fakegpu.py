@@ -1,0 +1,244 @@
+"""vgpu-monitor as a real subprocess on the simulated GPU (tests/fakegpu): pynvml against the
+fake NVML, `fakegpu-burn` workloads, real signals.  Ground truth for shares is each workload's
+executed kernel time from the simulator, never NVML.  Tolerances are loose on purpose (a loaded
+2-core CI machine); the precise figures come from `make bench-shares`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from monitor import ledger
+from tests.monitor.helpers import Gated, MonitorProc, Procs, exec_ns, make_container, state, wait_for
+from vgpu import ctl
+from vgpu import region as vregion
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@pytest.fixture
+def node(fakegpu, tmp_path: Path, procs: Procs) -> Iterator:
+    """(fakegpu, state dir, start_monitor(*flags), spawn(cid, share, argv, mem_limit, gpu))."""
+    st = tmp_path / "state"
+    monitors: list[MonitorProc] = []
+    workers: list[Gated] = []
+
+    def start_monitor(*flags: str) -> MonitorProc:
+        m = MonitorProc(st, fakegpu.env, *flags, procs=procs)
+        m.wait_ready()
+        g = m.guardian_pid()
+        if g:
+            procs.adopt(g)
+        monitors.append(m)
+        return m
+
+    def spawn(cid: str, share: int, argv: list[str], mem_limit: int = 8 * GIB, gpu: int = 0, release: bool = True):
+        w = Gated(argv, fakegpu.env, procs)
+        make_container(st, cid, w.pid, [(fakegpu.uuids[gpu], mem_limit, share)], pod=f"pod-{cid}", namespace="ns1")
+        workers.append(w)
+        if release:
+            w.release()
+        return w
+
+    try:
+        yield fakegpu, st, start_monitor, spawn
+    finally:
+        for m in monitors:
+            m.stop()
+        for w in workers:
+            w.kill()
+
+
+def burn(fakegpu, seconds: int = 60, kernel_us: int = 100) -> list[str]:
+    return [fakegpu.burn, "--kernel-us", str(kernel_us), "--seconds", str(seconds)]
+
+
+def measured_shares(fakegpu, pids: list[int], seconds: float) -> dict[int, float]:
+    a = exec_ns(fakegpu.state())
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    b = exec_ns(fakegpu.state())
+    wall = (time.monotonic() - t0) * 1e9
+    return {p: 100.0 * (b.get(p, 0) - a.get(p, 0)) / wall for p in pids}
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    for line in text.splitlines():
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(
+            f'{k}="{v}"' in line for k, v in labels.items()
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _claim_slot(region_path: Path, index: int, pid: int, start: int, device_bytes: int) -> None:
+    """Do what libvgpu.so does for a process: an active slot with its pid and start time."""
+    buf = bytearray(region_path.read_bytes())
+    r = vregion.Region.from_buffer(buf)
+    s = r.slots[index]
+    s.state, s.pid, s.host_pid, s.start_time = vregion.SLOT_ACTIVE, pid, 0, start
+    s.dev[0].device_bytes = device_bytes
+    r.generation += 1
+    del r, s
+    region_path.write_bytes(bytes(buf))
+
+
+@pytest.mark.parametrize("shares", [[30, 70], [20, 30, 50]], ids=["30-70", "20-30-50"])
+def test_strict_shares_track_targets(node, shares: list[int]) -> None:
+    fakegpu, _st, start_monitor, spawn = node
+    start_monitor("--policy", "strict")
+    ws = [spawn(f"c{i}", s, burn(fakegpu)) for i, s in enumerate(shares)]
+    time.sleep(5)  # settle
+    got = measured_shares(fakegpu, [w.pid for w in ws], 4.0)
+    for w, s in zip(ws, shares, strict=True):
+        assert abs(got[w.pid] - s) <= 12, (shares, got)
+    assert sum(got.values()) >= 85, got  # the GPU stays busy
+
+
+def test_contended_lone_container_gets_the_whole_gpu_then_shares(node) -> None:
+    fakegpu, _st, start_monitor, spawn = node
+    mon = start_monitor("--policy", "contended")
+    a = spawn("lone", 30, burn(fakegpu))
+    time.sleep(2.5)
+    got = measured_shares(fakegpu, [a.pid], 2.0)
+    assert got[a.pid] >= 90, got
+    assert metric(mon.scrape(), "vgpu_container_suspensions_total", container_id="lone") == 0
+    # a demanding neighbour arrives: now the shares hold
+    b = spawn("neighbour", 70, burn(fakegpu))
+    time.sleep(5)
+    got = measured_shares(fakegpu, [a.pid, b.pid], 3.0)
+    assert abs(got[a.pid] - 30) <= 12 and abs(got[b.pid] - 70) <= 12, got
+
+
+def test_metrics_status_vgpuctl_and_extra_bytes(node, capsys) -> None:
+    fakegpu, st, start_monitor, spawn = node
+    mon = start_monitor("--policy", "strict")
+    a = spawn("ctr-a", 25, [fakegpu.burn, "--alloc", "512m", "--kernel-us", "100", "--seconds", "60"], 4 * GIB)
+    b = spawn("ctr-b", 75, burn(fakegpu), 8 * GIB)
+    # the library's slot for a's process: it charged 512 MiB itself
+    start = int(Path(f"/proc/{a.pid}/stat").read_text().rpartition(")")[2].split()[19])
+    _claim_slot(st / "containers" / "ctr-a" / "region", 0, a.pid, start, 512 * MIB)
+    assert wait_for(lambda: state(a.pid) == "T", 10)  # throttled at some point
+    time.sleep(3)
+    used_a = next(p for p in fakegpu.state()["processes"] if p["host_pid"] == a.pid)["devices"][0]["used"]
+    text = mon.scrape()
+    lab = {"container_id": "ctr-a", "namespace": "ns1", "pod": "pod-ctr-a", "container": "main", "gpu": "0"}
+    assert metric(text, "vgpu_container_memory_used_bytes", **lab) == used_a
+    assert metric(text, "vgpu_container_memory_limit_bytes", **lab) == 4 * GIB
+    assert metric(text, "vgpu_container_sm_share_percent", **lab) == 25
+    use = metric(text, "vgpu_container_sm_use_percent", **lab)
+    assert use is not None and 10 <= use <= 45, use
+    assert (metric(text, "vgpu_container_suspensions_total", container_id="ctr-a") or 0) >= 1
+    assert metric(text, "vgpu_gpu_memory_total_bytes", gpu="0", uuid=fakegpu.uuids[0]) == 16 * GIB
+    assert metric(text, "vgpu_gpu_up", gpu="1", uuid=fakegpu.uuids[1]) == 1
+    assert metric(text, "vgpu_monitor_guardian_armed") == 1
+    # extra_bytes: what NVML sees beyond the library's 512 MiB (the context overhead)
+    snap = vregion.read_region(str(st / "containers" / "ctr-a" / "region"))
+    assert snap.slots[0].extra_bytes[0] == used_a - 512 * MIB > 0
+    assert ctl.main(["status", "--state-dir", str(st)]) == 0
+    out = capsys.readouterr().out
+    assert "ns1/pod-ctr-a" in out and "ns1/pod-ctr-b" in out and "/4.0" in out
+    del b
+
+
+def test_kill9_monitor_guardian_resumes_and_restart_replays(node) -> None:
+    fakegpu, st, start_monitor, spawn = node
+    mon = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "2000")
+    ws = [spawn(f"c{i}", s, burn(fakegpu)) for i, s in enumerate([5, 5, 90])]
+    assert wait_for(lambda: state(ws[0].pid) == "T" and state(ws[1].pid) == "T", 15)
+    mon.proc.kill()  # no SIGTERM handler runs; nobody restarts it
+    t0 = time.monotonic()
+    assert wait_for(lambda: all(state(w.pid) != "T" for w in ws), 2.0)
+    assert time.monotonic() - t0 <= 2.0
+    assert ledger.read(str(st / "monitor" / "ledger")) == set()
+
+    # now kill the monitor AND its guardian: the processes stay stopped until a new monitor starts
+    mon2 = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "2000")
+    assert wait_for(lambda: state(ws[0].pid) == "T" and state(ws[1].pid) == "T", 15)
+    g = mon2.guardian_pid()
+    assert g is not None
+    os.kill(g, signal.SIGKILL)
+    mon2.proc.kill()
+    mon2.proc.wait()
+    stopped = [w for w in ws if state(w.pid) == "T"]
+    assert stopped, "expected something left stopped without a guardian"
+    assert {k.pid for k in ledger.read(str(st / "monitor" / "ledger"))} >= {w.pid for w in stopped}
+    mon3 = MonitorProc(st, fakegpu.env, "--policy", "off")
+    try:
+        assert wait_for(lambda: all(state(w.pid) != "T" for w in ws), 10)
+    finally:
+        mon3.stop()
+
+
+def test_process_exiting_while_stopped(node) -> None:
+    fakegpu, st, start_monitor, spawn = node
+    mon = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "2000")
+    a = spawn("short", 5, burn(fakegpu))
+    spawn("long", 95, burn(fakegpu))
+    assert wait_for(lambda: state(a.pid) == "T", 15)
+    os.kill(a.pid, signal.SIGKILL)
+    a.proc.wait(5)
+    assert wait_for(lambda: not ledger.read(str(st / "monitor" / "ledger")), 5)
+    assert mon.proc.poll() is None
+    assert (mon.status() or {}).get("suspended_processes", 1) == 0 or wait_for(
+        lambda: (mon.status() or {}).get("suspended_processes") == 0, 5
+    )
+
+
+@pytest.mark.parametrize("action", ["kill", "log"])
+def test_backstop_for_allocation_bypassing_the_library(node, action: str) -> None:
+    fakegpu, _st, start_monitor, spawn = node
+    mon = start_monitor("--backstop-action", action, "--backstop-grace-s", "0.5")
+    ok = spawn("fits", 50, [fakegpu.burn, "--alloc", "256m", "--seconds", "0", "--hold", "60"], 1 * GIB)
+    hog = spawn(
+        "hog", 50, [fakegpu.burn, "--device", "1", "--alloc", "2g", "--seconds", "0", "--hold", "60"], GIB, gpu=1
+    )
+    if action == "kill":
+        assert wait_for(lambda: hog.proc.poll() is not None, 15)
+        assert hog.proc.returncode == -signal.SIGKILL
+    else:
+        time.sleep(3)
+        assert hog.proc.poll() is None
+    assert wait_for(
+        lambda: metric(mon.scrape(), "vgpu_container_backstop_actions_total", container_id="hog", action=action) == 1,
+        10,
+    )
+    assert ok.proc.poll() is None
+    assert metric(mon.scrape(), "vgpu_container_backstop_actions_total", container_id="fits", action=action) == 0
+
+
+def test_corrupt_region_gpu_loss_and_cleanup(node, procs: Procs) -> None:
+    fakegpu, st, start_monitor, spawn = node
+    mon = start_monitor("--policy", "strict", "--gc-grace-s", "1")
+    a = spawn("victim", 10, burn(fakegpu))
+    spawn("other", 90, burn(fakegpu))
+    bystander = procs.spawn(["sleep", "120"])  # a live container with no GPU work yet
+    make_container(st, "bystander", bystander.pid, [(fakegpu.uuids[1], GIB, 50)])
+    # a hostile container scribbles over its region
+    (st / "containers" / "victim" / "region").write_bytes(os.urandom(4096))
+    assert wait_for(lambda: metric(mon.scrape(), "vgpu_container_region_corrupt", container_id="victim") == 1, 10)
+    # GPU 0 is lost: everything on it resumes, GPU 1 and the monitor carry on
+    assert wait_for(lambda: state(a.pid) == "T", 10)
+    fakegpu.set_lost(0)
+    assert wait_for(lambda: metric(mon.scrape(), "vgpu_gpu_up", gpu="0") == 0, 10)
+    assert wait_for(lambda: state(a.pid) != "T", 3)
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        assert state(a.pid) != "T"
+        time.sleep(0.02)
+    assert metric(mon.scrape(), "vgpu_gpu_up", gpu="1") == 1
+    fakegpu.set_lost(0, False)
+    assert wait_for(lambda: metric(mon.scrape(), "vgpu_gpu_up", gpu="0") == 1, 15)
+    assert mon.proc.poll() is None
+    # gone containers (the lost GPU may have ended the workloads too) lose their state directory
+    a.kill()
+    assert wait_for(lambda: not (st / "containers" / "victim").exists(), 15)
+    time.sleep(1.5)
+    assert (st / "containers" / "bystander" / "metadata.json").exists()
