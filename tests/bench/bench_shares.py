@@ -88,7 +88,7 @@ def run_case(gpu: FakeGPU, root: Path, shares: list[int], seconds: float, policy
             return None
         return {p: 100.0 * (b.get(p, 0) - a.get(p, 0)) / wall for p in targets}
 
-    per = int(round(1.0 / TICK_S))
+    per = round(1.0 / TICK_S)
     # settle: first tick after the join from which every 1 s window stays within +-5 pp for SETTLE_HOLD_S
     ok: list[tuple[float, bool]] = []
     for j in range(per, len(samples)):
