@@ -7,19 +7,30 @@ the containerd subcommands).  Exit codes: 0 ok / container left alone,
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
-from runtime_hook import oci
-from vgpu import __version__
-from vgpu.log import kv
+from runtime_hook import hooklog, oci
+from runtime_hook.hooklog import kv
 
-log = logging.getLogger("vgpu.hook")
+if TYPE_CHECKING:
+    import argparse
+
+_FLAG_KEYS = {
+    "--state-dir": "common.state_dir",
+    "--log-level": "common.log_level",
+    "--library-path": "hook.library_path",
+    "--log-dir": "hook.log_dir",
+    "--log-max-bytes": "hook.log_max_bytes",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    from vgpu import __version__
+
     p = argparse.ArgumentParser(
         prog="vgpu-hook", description="k8s-vgpu OCI prestart/poststop hook and containerd configuration"
     )
@@ -44,33 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--conf-d", default=None, help="containerd 2.x drop-in directory (default: <config dir>/conf.d)")
     c.add_argument("--python", default=None, help="interpreter that runs the hook (default: this one)")
     c.add_argument("--hook-timeout", type=int, default=30, help="seconds runc allows each hook")
+    c.add_argument("--no-shell-filter", action="store_true", help="run the Python hook for every container")
     return p
 
 
-def _load(args: argparse.Namespace) -> object:
+def _load(config: str | None, overrides: dict[str, Any]) -> Any:
     from vgpu import config as vconfig
 
-    overrides = {
-        "common.state_dir": args.state_dir,
-        "common.log_level": args.log_level,
-        "hook.library_path": args.library_path,
-        "hook.log_dir": args.log_dir,
-        "hook.log_max_bytes": args.log_max_bytes,
-    }
-    return vconfig.load_config(args.config or vconfig.config_path_from_env(), overrides)
+    return vconfig.load_config(config or vconfig.config_path_from_env(), overrides)
 
 
-def _setup_logging(cfg: object) -> None:
-    from vgpu.log import setup_logging
-
-    try:
-        setup_logging(
-            cfg.common.log_level,  # type: ignore[attr-defined]
-            file=os.path.join(cfg.hook.log_dir, "hook.log"),  # type: ignore[attr-defined]
-            max_bytes=cfg.hook.log_max_bytes,  # type: ignore[attr-defined]
-        )
-    except OSError:
-        logging.getLogger().addHandler(logging.NullHandler())  # no log dir: never a reason to fail
+def _setup_log(cfg: Any) -> None:
+    hooklog.log = hooklog.HookLog(cfg.hook.log_dir, cfg.hook.log_max_bytes, cfg.common.log_level)
 
 
 def _fatal(msg: str) -> int:
@@ -80,7 +76,7 @@ def _fatal(msg: str) -> int:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    log.error(line)
+    hooklog.log.error(line)
     return 1
 
 
@@ -90,68 +86,119 @@ def main(
     decision: oci.Proceed | oci.Skip | oci.Fail | None = None,
     poststop_stdin: bytes | None = None,
 ) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    from runtime_hook.fastpath import scan_argv
+
+    args = sys.argv[1:] if argv is None else argv
+    cmd, opts = scan_argv(args)
+    if cmd in ("prestart", "poststop") and "-h" not in args and "--help" not in args:
+        # The hook paths: no argparse (its import is a measurable part of a hook run).
+        return hook_main(cmd, opts, decision, poststop_stdin)
+    ns = build_parser().parse_args(args)
+    if ns.cmd in ("prestart", "poststop"):  # pragma: no cover - handled above
+        return 2
     from vgpu.config import ConfigError
 
+    overrides = {k: getattr(ns, f[2:].replace("-", "_")) for f, k in _FLAG_KEYS.items()}
     try:
-        cfg = _load(args)
+        cfg = _load(ns.config, overrides)
     except ConfigError as e:
-        if args.cmd == "prestart" and isinstance(decision, oci.Skip):
-            return 0  # a broken node config never blocks containers without a vGPU
-        if args.cmd == "poststop":
-            sys.stderr.write(f"vgpu-hook: {e}\n")
-            return 0
         sys.stderr.write(f"vgpu-hook: {e}\n")
         return 2
-    if args.cmd in ("prestart", "poststop"):
-        _setup_logging(cfg)
-    if args.cmd == "prestart":
-        return cmd_prestart(cfg, decision)
-    if args.cmd == "poststop":
-        return cmd_poststop(cfg, poststop_stdin)
     from runtime_hook import containerd
 
     try:
-        return containerd.command(args, cfg)
+        return containerd.command(ns, cfg)
     except containerd.InstallError as e:
-        sys.stderr.write(f"vgpu-hook containerd {args.action}: {e}\n")
+        sys.stderr.write(f"vgpu-hook containerd {ns.action}: {e}\n")
         return 1
 
 
-def cmd_prestart(cfg: object, decision: oci.Proceed | oci.Skip | oci.Fail | None) -> int:
+class _Section:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+class FlagConfig:
+    """The hook's part of the node config, from flags and defaults (no config file to read)."""
+
+    def __init__(self, opts: dict[str, str]) -> None:
+        from runtime_hook import fastpath as paths  # the defaults of vgpu.paths, without its imports
+
+        level = opts.get("--log-level", "warning")
+        if level not in hooklog.LEVELS:
+            raise ValueError(f"invalid option --log-level {level!r}: expected one of debug, info, warning, error")
+        raw = opts.get("--log-max-bytes", str(4 * 1024 * 1024))
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"invalid option --log-max-bytes {raw[:20]!r}: expected an integer >= 1")
+        self.common = _Section(state_dir=opts.get("--state-dir", paths.DEFAULT_STATE_DIR), log_level=level)
+        self.hook = _Section(
+            library_path=opts.get("--library-path", paths.DEFAULT_LIBRARY_PATH),
+            log_dir=opts.get("--log-dir", paths.DEFAULT_LOG_DIR),
+            log_max_bytes=int(raw),
+        )
+
+
+def hook_config(opts: dict[str, str]) -> Any:
+    """Flags only when they give every hook setting or there is no config file; else vgpu.config (msgspec)."""
+    path = opts.get("--config") or os.environ.get("VGPU_CONFIG") or "/etc/vgpu/config.toml"
+    if all(f in opts for f in _FLAG_KEYS) or not os.path.exists(path):
+        return FlagConfig(opts)
+    overrides = {key: opts.get(flag) for flag, key in _FLAG_KEYS.items()}
+    return _load(path, overrides)
+
+
+def hook_main(
+    cmd: str, opts: dict[str, str], decision: oci.Proceed | oci.Skip | oci.Fail | None, data: bytes | None
+) -> int:
+    try:
+        cfg = hook_config(opts)
+    except ValueError as e:  # vgpu.config.ConfigError is a ValueError
+        if cmd == "prestart" and not isinstance(decision, oci.Skip):
+            return _fatal(str(e))  # a vGPU container cannot be set up without its config
+        try:
+            sys.stderr.write(f"vgpu-hook: {oci.oneline(str(e))}\n")
+        except (OSError, ValueError):
+            pass
+        return 0  # a broken node config never blocks containers without a vGPU, nor deletion
+    _setup_log(cfg)
+    if cmd == "prestart":
+        return cmd_prestart(cfg, decision)
+    return cmd_poststop(cfg, data)
+
+
+def cmd_prestart(cfg: Any, decision: oci.Proceed | oci.Skip | oci.Fail | None) -> int:
     if decision is None:
         decision = oci.decide_prestart(sys.stdin.buffer.read(oci.MAX_STATE_BYTES + 1))
     if isinstance(decision, oci.Skip):
         if decision.log:
-            log.warning(kv("prestart: container left alone", reason=decision.log))
+            hooklog.log.warning(kv("prestart: container left alone", reason=decision.log))
         return 0
     if isinstance(decision, oci.Fail):
         return _fatal(decision.message)
     from runtime_hook import prestart
 
     try:
-        prestart.run(decision, cfg.common.state_dir, cfg.hook.library_path)  # type: ignore[attr-defined]
+        prestart.run(decision, cfg.common.state_dir, cfg.hook.library_path)
     except oci.HookError as e:
         return _fatal(str(e))
     except Exception as e:  # a bug must still fail closed with one line, never only a traceback
-        log.exception("prestart failed")
+        hooklog.log.error(kv("prestart failed", error=repr(e)))
         return _fatal(f"internal error setting up vGPU container: {type(e).__name__}: {e}")
     return 0
 
 
-def cmd_poststop(cfg: object, data: bytes | None) -> int:
+def cmd_poststop(cfg: Any, data: bytes | None) -> int:
     if data is None:
         data = sys.stdin.buffer.read(oci.MAX_STATE_BYTES + 1)
     try:
         cid = oci.parse_poststop_id(data)
     except ValueError as e:
-        log.warning(kv("poststop: malformed OCI state", reason=str(e)))
+        hooklog.log.warning(kv("poststop: malformed OCI state", reason=str(e)))
         return 0
-    from runtime_hook import prestart
+    from runtime_hook import poststop
 
     try:
-        prestart.poststop(cid, cfg.common.state_dir)  # type: ignore[attr-defined]
-    except Exception:
-        log.exception("poststop failed")
+        poststop.remove_state(cid, cfg.common.state_dir)
+    except Exception as e:
+        hooklog.log.error(kv("poststop failed", error=repr(e)))
     return 0

@@ -22,6 +22,8 @@ from runtime_hook import oci  # stdlib-only module
 
 DEFAULT_STATE_DIR = "/var/lib/vgpu"  # == vgpu.paths.DEFAULT_STATE_DIR (checked by a test)
 DEFAULT_CONFIG_PATH = "/etc/vgpu/config.toml"
+DEFAULT_LIBRARY_PATH = "/usr/lib/vgpu/libvgpu.so"  # == vgpu.paths.DEFAULT_LIBRARY_PATH
+DEFAULT_LOG_DIR = "/var/log/vgpu"  # == vgpu.paths.DEFAULT_LOG_DIR
 _VALUE_OPTS = ("--config", "--state-dir", "--log-level", "--library-path", "--log-dir", "--log-max-bytes")
 
 
@@ -70,11 +72,28 @@ def _read_stdin() -> bytes:
         return b""
 
 
-def _full(argv: list[str], **kw: object) -> int:
-    if "site" not in sys.modules:  # started with -S: make site-packages (msgspec) importable
-        import site
+def _enable_site_packages() -> None:
+    """Started with -S: make site-packages (msgspec, tomlkit) importable, cheaply.
 
-        site.main()
+    In a virtualenv, append its site-packages directly: `site.main()` would
+    also run every .pth file (setuptools' editable-install finder alone costs
+    ~10 ms).  The package root is already first on sys.path.
+    """
+    if "site" in sys.modules:
+        return
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    sp = os.path.join(venv, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+    if os.path.exists(os.path.join(venv, "pyvenv.cfg")) and os.path.isdir(sp):
+        if sp not in sys.path:
+            sys.path.append(sp)
+        return
+    import site
+
+    site.main()
+
+
+def _full(argv: list[str], **kw: object) -> int:
+    _enable_site_packages()
     from runtime_hook import cli
 
     return cli.main(argv, **kw)  # type: ignore[arg-type]

@@ -10,35 +10,31 @@ raises HookError with the line the runtime shows the user.
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import stat
 import time
 
-import msgspec
-
-from runtime_hook import mounts, oci
+from runtime_hook import hooklog, mounts, oci, records
+from runtime_hook.hooklog import kv
 from runtime_hook.oci import HookError
-from vgpu import limits as vlimits
+from runtime_hook.poststop import rmtree as _rmtree
 from vgpu import paths as vpaths
-from vgpu import region, schemas
-from vgpu.log import kv
+from vgpu import region
 
-log = logging.getLogger("vgpu.hook")
+# No msgspec on this path (records.py says why); vgpu.schemas remains the schema.
 
 
-def load_record(p: vpaths.Paths, token: str) -> schemas.AllocationRecord:
+def load_record(p: vpaths.Paths, token: str) -> records.Record:
     if not vpaths.valid_token(token):
         raise HookError(f"invalid vGPU allocation token {token[:40]!r} (expected 32 lowercase hex digits)")
     path = p.allocation_record(token)
     try:
-        rec = schemas.read_record(path)
+        rec = records.read_record(path)
     except FileNotFoundError:
         raise HookError(f"unknown vGPU allocation token {token} (no record {path})") from None
     except OSError as e:
         raise HookError(f"cannot read vGPU allocation record {path}: {e.strerror}") from None
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except records.RecordError as e:
         raise HookError(f"malformed vGPU allocation record {path}: {oci.oneline(str(e))}") from None
     if rec.token != token:
         raise HookError(f"vGPU allocation record {path} belongs to another token")
@@ -47,7 +43,7 @@ def load_record(p: vpaths.Paths, token: str) -> schemas.AllocationRecord:
     return rec
 
 
-def check_visible_devices(spec: dict[str, object], rec: schemas.AllocationRecord) -> None:
+def check_visible_devices(spec: dict[str, object], rec: records.Record) -> None:
     bad = oci.visible_devices_outside(spec, {g.uuid for g in rec.gpus})  # type: ignore[arg-type]
     if bad:
         raise HookError(
@@ -65,7 +61,7 @@ def proc_start_time(pid: int) -> int:
         return 0
 
 
-def make_state_dir(p: vpaths.Paths, cid: str, rec: schemas.AllocationRecord, meta: schemas.ContainerMetadata) -> str:
+def make_state_dir(p: vpaths.Paths, cid: str, rec: records.Record, metadata: bytes) -> str:
     """Create <state>/containers/<id>/ with limits, region and metadata.json."""
     os.makedirs(p.containers_dir, mode=0o700, exist_ok=True)
     cdir = p.container_dir(cid)
@@ -73,14 +69,14 @@ def make_state_dir(p: vpaths.Paths, cid: str, rec: schemas.AllocationRecord, met
     if st is not None:
         # A stale directory of an earlier container with this id (poststop never ran).
         if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(cdir)
+            _rmtree(cdir)
         else:
             os.unlink(cdir)
     os.mkdir(cdir, 0o700)
-    lim = vlimits.from_record(rec)
-    schemas.write_atomic(os.path.join(cdir, vpaths.LIMITS_FILE), vlimits.render(lim).encode(), mode=0o644)
-    region.initialise(os.path.join(cdir, vpaths.REGION_FILE), lim, mode=0o666)
-    schemas.write_atomic(os.path.join(cdir, vpaths.METADATA_FILE), schemas.encode(meta), mode=0o600)
+    lim = records.limits_of(rec)
+    records.write_file(os.path.join(cdir, vpaths.LIMITS_FILE), records.render_limits(lim).encode(), 0o644)
+    region.initialise(os.path.join(cdir, vpaths.REGION_FILE), lim, mode=0o666)  # type: ignore[arg-type]
+    records.write_file(os.path.join(cdir, vpaths.METADATA_FILE), metadata, 0o600)
     return cdir
 
 
@@ -109,26 +105,24 @@ def run(decision: oci.Proceed, state_dir: str, library_path: str) -> None:
     if not stat.S_ISREG(lst.st_mode):
         raise HookError(f"vGPU library {library_path} is not a regular file")
     pod = oci.pod_info(state.annotations)
-    meta = schemas.ContainerMetadata(
+    meta = records.metadata_json(
         container_id=state.id,
         init_pid=state.pid,
         init_start_time=proc_start_time(state.pid),
         created=time.time(),
         token=token,
+        pod=pod,
         cgroup_path=oci.cgroup_path(spec),
-        gpus=list(rec.gpus),
-        pod_namespace=pod["pod_namespace"],
-        pod_name=pod["pod_name"],
-        pod_uid=pod["pod_uid"],
-        container_name=pod["container_name"],
+        gpus=rec.gpus,
     )
     if not os.path.isdir(f"/proc/{state.pid}"):
         raise HookError(f"container init (pid {state.pid}) is gone")
     try:
         cdir = make_state_dir(p, state.id, rec, meta)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         _cleanup(p, state.id)
-        raise HookError(f"cannot create vGPU state for container {state.id}: {e.strerror or e}") from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise HookError(f"cannot create vGPU state for container {state.id}: {reason}") from None
     binds = [
         mounts.BindSpec(library_path, vpaths.CONTAINER_LIBRARY, readonly=True),
         mounts.BindSpec(os.path.join(cdir, vpaths.LIMITS_FILE), vpaths.CONTAINER_LIMITS, readonly=True),
@@ -150,43 +144,22 @@ def run(decision: oci.Proceed, state_dir: str, library_path: str) -> None:
     except OSError as e:
         _cleanup(p, state.id)
         raise HookError(f"cannot set up vGPU isolation in container {state.id}: {e.strerror or e}") from None
-    log.info(
+    hooklog.log.info(
         kv(
             "vgpu container prepared",
             id=state.id,
             pid=state.pid,
             token=token,
             gpus=",".join(g.uuid for g in rec.gpus),
-            pod=f"{meta.pod_namespace}/{meta.pod_name}",
+            pod=f"{pod['pod_namespace']}/{pod['pod_name']}",
         )
     )
 
 
 def _cleanup(p: vpaths.Paths, cid: str) -> None:
     try:
-        shutil.rmtree(p.container_dir(cid))
+        _rmtree(p.container_dir(cid))
     except FileNotFoundError:
         pass
     except OSError as e:
-        log.warning(kv("cannot remove state dir", id=cid, error=e.strerror))
-
-
-def poststop(cid: str, state_dir: str) -> None:
-    """Remove the container's state directory; never raises."""
-    p = vpaths.Paths(state_dir)
-    try:
-        cdir = p.container_dir(cid)
-    except vpaths.InvalidName:
-        log.warning(kv("poststop: invalid container id", id=cid[:80]))
-        return
-    st = _lstat(cdir)
-    if st is None:
-        return
-    try:
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(cdir)
-        else:
-            os.unlink(cdir)
-        log.info(kv("vgpu container state removed", id=cid))
-    except OSError as e:
-        log.warning(kv("poststop: cannot remove state dir", id=cid, error=e.strerror))
+        hooklog.log.warning(kv("cannot remove state dir", id=cid, error=e.strerror))

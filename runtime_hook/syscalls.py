@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 
-_ARCH = platform.machine()
+_ARCH = os.uname().machine  # not `platform`: it imports re, subprocess...
 if _ARCH not in ("x86_64", "aarch64"):  # pragma: no cover - numbers differ elsewhere
     raise ImportError(f"vgpu-hook: unsupported architecture {_ARCH}")
 

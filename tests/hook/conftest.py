@@ -11,7 +11,8 @@ from tests.hook import support
 class Node:
     """One test's host view: state dir, log dir, runc root, the library to mount."""
 
-    def __init__(self, base: Path, lib: Path) -> None:
+    def __init__(self, base: Path, lib: Path, shell: bool = False) -> None:
+        self.shell = shell
         self.base = base
         self.state = base / "state"
         self.logs = base / "log"
@@ -23,7 +24,7 @@ class Node:
         self._n = 0
 
     def hooks(self) -> dict[str, object]:
-        return support.hooks(self.state, self.lib, self.logs)
+        return support.hooks(self.state, self.lib, self.logs, shell=self.shell)
 
     def bundle(self, args: list[str], **kw: object) -> Path:
         self._n += 1
@@ -44,6 +45,15 @@ def hook_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def node(tmp_path: Path, hook_lib: Path) -> Iterator[Node]:
+    """The Python hook invoked directly (`python3 -I -S fastpath.py`)."""
     if not support.have_runc():
         pytest.skip("needs root, runc and busybox-static")
     yield Node(tmp_path, hook_lib)
+
+
+@pytest.fixture(params=["python", "shell-filter"])
+def any_node(request: pytest.FixtureRequest, tmp_path: Path, hook_lib: Path) -> Iterator[Node]:
+    """Both installed forms of the hook: Python directly, and behind the sh filter."""
+    if not support.have_runc():
+        pytest.skip("needs root, runc and busybox-static")
+    yield Node(tmp_path, hook_lib, shell=request.param == "shell-filter")

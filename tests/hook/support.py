@@ -68,16 +68,21 @@ def hook_args(kind: str, *, state_dir: Path, library: Path, log_dir: Path, pytho
         str(library),
         "--log-dir",
         str(log_dir),
+        "--log-level",
+        "info",
+        "--log-max-bytes",
+        "1048576",
         kind,
     ]
 
 
-def hooks(state_dir: Path, library: Path, log_dir: Path) -> dict[str, Any]:
-    def entry(kind: str) -> dict[str, Any]:
-        args = hook_args(kind, state_dir=state_dir, library=library, log_dir=log_dir)
-        return {"path": args[0], "args": args, "env": [HOOK_PATH_ENV], "timeout": 30}
+def hooks(state_dir: Path, library: Path, log_dir: Path, *, shell: bool = False) -> dict[str, Any]:
+    """Hook objects as `vgpu-hook containerd install` writes them (shell=True: with the sh filter)."""
+    from runtime_hook import containerd
 
-    return {"prestart": [entry("prestart")], "poststop": [entry("poststop")]}
+    gargs = hook_args("x", state_dir=state_dir, library=library, log_dir=log_dir)[4:-1]
+    entries = containerd.hook_entries(sys.executable, gargs, 30, str(state_dir) if shell else None)
+    return {k: [v] for k, v in entries.items()}
 
 
 def make_bundle(

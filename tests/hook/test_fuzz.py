@@ -104,7 +104,7 @@ def _marked(b: bytes) -> bool:
     return oci.TOKEN_ENV.encode() in b or oci.TOKEN_ANNOTATION.encode() in b
 
 
-@settings(max_examples=4000, deadline=None, database=None)
+@settings(max_examples=3000, deadline=None, database=None)
 @given(state=states(), spec=specs())
 def test_decide_prestart_never_raises(state: tuple[bytes, bool], spec: bytes | OSError) -> None:
     data, _ = state
@@ -133,7 +133,7 @@ def test_decide_prestart_never_raises(state: tuple[bytes, bool], spec: bytes | O
             pass
 
 
-@settings(max_examples=2500, deadline=None, database=None)
+@settings(max_examples=1500, deadline=None, database=None)
 @given(data=st.one_of(st.binary(max_size=100), json_any.map(lambda v: json.dumps(v).encode())))
 def test_poststop_state_parsing(data: bytes) -> None:
     try:
@@ -196,6 +196,8 @@ def test_constants_match_shared_core() -> None:
     assert oci.TOKEN_ANNOTATION == schemas.TOKEN_ANNOTATION
     assert fastpath.DEFAULT_STATE_DIR == vpaths.DEFAULT_STATE_DIR
     assert fastpath.DEFAULT_CONFIG_PATH == vpaths.DEFAULT_CONFIG_PATH
+    assert fastpath.DEFAULT_LIBRARY_PATH == vpaths.DEFAULT_LIBRARY_PATH
+    assert fastpath.DEFAULT_LOG_DIR == vpaths.DEFAULT_LOG_DIR
 
 
 # ---- real hook processes ------------------------------------------------------------------

@@ -28,7 +28,8 @@ def _lines(r: subprocess.CompletedProcess[str]) -> list[str]:
     return r.stdout.splitlines()
 
 
-def test_vgpu_container_gets_files_modes_and_readonly_binds(node: Node) -> None:
+def test_vgpu_container_gets_files_modes_and_readonly_binds(any_node: Node) -> None:
+    node = any_node
     token = support.write_record(node.state, [(support.UUID_A, 3 << 30, 40), (support.UUID_B, 1 << 30, 60)])
     env = [f"VGPU_ALLOCATION_TOKEN={token}", f"NVIDIA_VISIBLE_DEVICES={support.UUID_B},{support.UUID_A}"]
     b = node.bundle(["sh", "-c", CHECK], env=env)
@@ -49,7 +50,8 @@ def test_vgpu_container_gets_files_modes_and_readonly_binds(node: Node) -> None:
     assert b"x\n" not in node.lib.read_bytes()[-2:]
 
 
-def test_state_dir_contents_while_running(node: Node) -> None:
+def test_state_dir_contents_while_running(any_node: Node) -> None:
+    node = any_node
     token = support.write_record(node.state)
     ann = {
         "vgpu.k8s.io/allocation-token": token,
@@ -103,7 +105,8 @@ def test_readonly_rootfs(node: Node) -> None:
     assert _lines(r) == ["mounted", "ro"]
 
 
-def test_plain_container_untouched(node: Node) -> None:
+def test_plain_container_untouched(any_node: Node) -> None:
+    node = any_node
     b = node.bundle(
         ["sh", "-c", "test -e /run/vgpu && echo has || echo none; test -e /etc/ld.so.preload || echo nopre"]
     )
@@ -119,7 +122,8 @@ def test_plain_container_untouched(node: Node) -> None:
     "case",
     ["unknown-token", "bad-token", "devices-outside", "devices-all", "no-library", "malformed-record", "mismatch"],
 )
-def test_refused_containers(node: Node, case: str) -> None:
+def test_refused_containers(any_node: Node, case: str) -> None:
+    node = any_node
     token = support.write_record(node.state)
     env = [f"VGPU_ALLOCATION_TOKEN={token}"]
     ann: dict[str, str] = {}
