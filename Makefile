@@ -50,6 +50,12 @@ demo: venv build-all
 	@echo "make demo: will run the whole node stack (device plugin, hook under runc, monitor)"
 	@echo "on the simulated GPU (or a real one); lands with the packaging/demo issue."
 
+# --- packages (packaging/build-packages.sh; outputs in $(BUILD)/pkg/) ---------------
+deb: venv build-all
+	packaging/build-packages.sh deb
+rpm: venv build-all
+	packaging/build-packages.sh rpm
+
 # --- benchmarks (each prints name=value lines, last line a summary) -------------
 bench-intercept: venv build-all
 	$(PY) tests/bench/bench_intercept.py

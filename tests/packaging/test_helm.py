@@ -1,0 +1,166 @@
+"""The Helm chart renders with Helm's own engine (helm-python-sdk, Helm v4 SDK) and every object
+it renders is a valid Kubernetes object (kubernetes client models); the values reach the objects.
+The raw manifests in packaging/k8s/ are validated the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.packaging import k8svalidate
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "packaging" / "helm" / "k8s-vgpu"
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk is a dev dependency (make venv)")
+
+
+def render(
+    values: dict[str, Any] | None = None, name: str = "k8s-vgpu", namespace: str = "kube-system"
+) -> list[dict[str, Any]]:
+    with helm.Chart.load(str(CHART)) as chart:
+        chart.validate_schema(values or {})
+        manifests = chart.render(values or {}, name=name, namespace=namespace)
+    objects: list[dict[str, Any]] = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith(".yaml"):
+            objects.extend(k8svalidate.load_all(text))
+    return objects
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def daemonset(objects: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
+    [ds] = [o for o in by_kind(objects, "DaemonSet") if o["metadata"]["name"].endswith(suffix)]
+    return ds
+
+
+def container_args(ds: dict[str, Any]) -> list[str]:
+    args: list[str] = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def assert_valid(objects: list[dict[str, Any]]) -> None:
+    problems = {
+        f"{o['kind']}/{o['metadata']['name']}": k8svalidate.validate(o)
+        for o in objects
+        if o["kind"] != "ServiceMonitor"
+    }
+    assert {k: v for k, v in problems.items() if v} == {}
+
+
+def test_lint_has_no_errors() -> None:
+    result = helm.lint(str(CHART))
+    assert result["errors"] == []
+    assert [m for m in result["messages"] if m["severity"] > 1] == []  # info only (e.g. "icon is recommended")
+
+
+def test_default_render_is_valid_and_complete() -> None:
+    objects = render()
+    assert_valid(objects)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(
+        ["DaemonSet", "DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RuntimeClass", "Service"]
+    )
+    for ds in by_kind(objects, "DaemonSet"):
+        spec = ds["spec"]
+        pod = spec["template"]["spec"]
+        assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+        assert pod["nodeSelector"] == {"gpu": "on"}  # the string "on", not YAML 1.1's true
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        assert ds["metadata"]["namespace"] == "kube-system"
+    plugin = daemonset(objects, "device-plugin")
+    [sa] = by_kind(objects, "ServiceAccount")
+    assert plugin["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    [binding] = by_kind(objects, "ClusterRoleBinding")
+    [role] = by_kind(objects, "ClusterRole")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "kube-system"}
+    ]
+    assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]} in role["rules"]
+    args = container_args(plugin)
+    for flag in (
+        "--device-split-count=2",
+        "--device-memory-scaling=1",
+        "--device-cores-scaling=1",
+        "--resource-name=nvidia.com/gpu",
+    ):
+        assert flag in args
+    monitor = daemonset(objects, "monitor")
+    assert monitor["spec"]["template"]["spec"]["hostPID"] is True
+    assert "--policy=contended" in container_args(monitor) and "--metrics-port=9394" in container_args(monitor)
+    [rc] = by_kind(objects, "RuntimeClass")
+    assert rc["handler"] == "vgpu" and rc["metadata"]["name"] == "vgpu"
+    [svc] = by_kind(objects, "Service")
+    pod_labels = monitor["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_values_reach_the_daemons() -> None:
+    objects = render(
+        {
+            "resourceName": "example.com/vgpu",
+            "devicePlugin": {"deviceSplitCount": 10, "deviceMemoryScaling": 1.5, "deviceCoresScaling": 2},
+            "monitor": {
+                "port": 9500,
+                "policy": "strict",
+                "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            },
+            "nodeSelector": {"gpu": None, "accelerator": "nvidia"},  # null removes a default key (Helm)
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute"}],
+        },
+        name="vgpu",
+        namespace="gpu-system",
+    )
+    assert_valid(objects)
+    args = container_args(daemonset(objects, "device-plugin"))
+    for flag in (
+        "--device-split-count=10",
+        "--device-memory-scaling=1.5",
+        "--device-cores-scaling=2",
+        "--resource-name=example.com/vgpu",
+    ):
+        assert flag in args
+    monitor = daemonset(objects, "monitor")
+    assert "--policy=strict" in container_args(monitor) and "--metrics-port=9500" in container_args(monitor)
+    assert monitor["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 9500
+    for ds in by_kind(objects, "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"accelerator": "nvidia"}
+        assert pod["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute"}]
+        assert ds["metadata"]["namespace"] == "gpu-system"
+    [sm] = by_kind(objects, "ServiceMonitor")
+    [svc] = by_kind(objects, "Service")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == ["gpu-system"]
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
+    assert svc["spec"]["ports"][0]["port"] == 9500
+
+
+def test_toggles() -> None:
+    objects = render(
+        {
+            "runtimeClass": {"create": False},
+            "monitor": {"enabled": False},
+            "rbac": {"create": False},
+            "serviceAccount": {"create": False},
+        }
+    )
+    assert_valid(objects)
+    assert [o["kind"] for o in objects] == ["DaemonSet"]
+    assert objects[0]["spec"]["template"]["spec"]["serviceAccountName"] == "default"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "packaging" / "k8s").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_manifests_are_valid(path: Path) -> None:
+    objects = k8svalidate.load_all(path.read_text())
+    assert objects
+    assert_valid(objects)

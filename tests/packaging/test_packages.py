@@ -1,0 +1,243 @@
+"""The deb and rpm, built for real with nfpm and checked with the distributions' own tools.
+
+- the .deb installs with dpkg into a clean Debian root (debootstrap), its commands run there,
+  the units are enabled, the state directory is root-only; reinstall keeps an edited conffile;
+  remove disables the units and keeps state; purge removes state and the config;
+- `systemd-analyze verify` accepts the units against that root;
+- lintian reports no error; `rpm -qpl`/`-qpi` show the same file set as the .deb.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.packaging import pkgbuild
+from vgpu import __version__
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="dpkg into a chroot and overlay mounts need root"),
+    pytest.mark.timeout(900),
+]
+
+UNITS = ("vgpu-device-plugin.service", "vgpu-monitor.service")
+COMMANDS = ("vgpu-hook", "vgpu-device-plugin", "vgpu-monitor", "vgpuctl")
+
+
+@dataclass
+class Built:
+    deb: Path
+    rpm: Path
+    base: Path  # the clean Debian root
+    lint: subprocess.Popen[str]  # lintian on the .deb, running while the other tests do
+
+
+@pytest.fixture(scope="module")
+def built(build_dir: Path) -> Iterator[Built]:
+    """The packages, the clean root and a lintian run: the slow parts, overlapped."""
+    with ThreadPoolExecutor(1) as pool:
+        base = pool.submit(pkgbuild.debian_root)  # downloads while the packages build
+        pkgs = pkgbuild.build_packages()
+        if shutil.which("lintian") is None:
+            pytest.fail("lintian is not installed (apt-get install lintian; .ci/run does)")
+        lint = subprocess.Popen(
+            ["lintian", "--allow-root", "--tag-display-limit", "0", str(pkgs.deb)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            yield Built(pkgs.deb, pkgs.rpm, base.result(), lint)
+        finally:
+            if lint.poll() is None:
+                lint.kill()
+            lint.communicate()
+
+
+@pytest.fixture(scope="module")
+def packages(built: Built) -> pkgbuild.Packages:
+    return pkgbuild.Packages(built.deb, built.rpm)
+
+
+@pytest.fixture(scope="module")
+def installed(built: Built) -> Iterator[Path]:
+    """A scratch Debian root with the .deb installed by dpkg (module-wide: one install)."""
+    with pkgbuild.scratch_root(built.base) as root:
+        shutil.copy(built.deb, root / "tmp" / built.deb.name)
+        r = pkgbuild.chroot(root, "dpkg", "-i", "/tmp/" + built.deb.name)
+        root.joinpath("tmp", "dpkg-install.log").write_text(r.stdout)
+        yield root
+
+
+def test_package_metadata(packages: pkgbuild.Packages) -> None:
+    info = subprocess.run(["dpkg-deb", "-f", str(packages.deb)], check=True, capture_output=True, text=True).stdout
+    fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line and not line.startswith(" "))
+    assert fields["Package"] == "k8s-vgpu"
+    assert fields["Version"] == f"{__version__}-1"
+    assert "python3 (>= 3." in fields["Depends"] and "libc6" in fields["Depends"]
+    conffiles = subprocess.run(
+        ["dpkg-deb", "--ctrl-tarfile", str(packages.deb)], check=True, capture_output=True
+    ).stdout
+    assert b"./conffiles" in subprocess.run(["tar", "-t"], input=conffiles, capture_output=True).stdout
+
+
+def test_deb_contents(packages: pkgbuild.Packages) -> None:
+    files = pkgbuild.deb_files(packages.deb)
+    for cmd in COMMANDS:
+        assert files[f"/usr/bin/{cmd}"] == f"l -> /opt/vgpu/bin/{cmd}"
+        assert files[f"/opt/vgpu/bin/{cmd}"] == "f"
+    for path in (
+        "/usr/lib/vgpu/libvgpu.so",
+        "/etc/vgpu/config.toml",
+        "/usr/lib/systemd/system/vgpu-device-plugin.service",
+        "/usr/lib/systemd/system/vgpu-monitor.service",
+        "/usr/share/vgpu/helm/k8s-vgpu/Chart.yaml",
+        "/usr/share/vgpu/grafana/k8s-vgpu-dashboard.json",
+        "/usr/share/doc/k8s-vgpu/copyright",
+        "/opt/vgpu/pyvenv.cfg",
+    ):
+        assert files.get(path) == "f", path
+    manifests = sorted(p for p in files if p.startswith("/usr/share/vgpu/k8s/"))
+    shipped = sorted(f"/usr/share/vgpu/k8s/{p.name}" for p in (pkgbuild.ROOT / "packaging/k8s").glob("*.yaml"))
+    assert manifests == shipped and shipped
+    # Nothing of the build machine leaks into the package.
+    assert not [p for p in files if "/build/" in p or p.endswith(".egg-link") or "/pip/" in p]
+
+
+def test_rpm_has_the_same_file_set(packages: pkgbuild.Packages) -> None:
+    deb = pkgbuild.deb_files(packages.deb)
+    rpm = pkgbuild.rpm_files(packages.rpm)
+    assert sorted(set(deb) ^ set(rpm)) == []
+    assert deb == rpm
+    listed = subprocess.run(["rpm", "-qpl", str(packages.rpm)], check=True, capture_output=True, text=True).stdout
+    assert set(deb) <= set(listed.split("\n"))
+    info = subprocess.run(["rpm", "-qpi", str(packages.rpm)], check=True, capture_output=True, text=True).stdout
+    assert "Name        : k8s-vgpu" in info
+    assert f"Version     : {__version__}" in info
+    config = subprocess.run(["rpm", "-qpc", str(packages.rpm)], check=True, capture_output=True, text=True).stdout
+    assert config.split() == ["/etc/vgpu/config.toml"]
+    scripts = subprocess.run(
+        ["rpm", "-qp", "--scripts", str(packages.rpm)], check=True, capture_output=True, text=True
+    ).stdout
+    for phase in ("postinstall", "preuninstall", "postuninstall"):
+        assert f"{phase} scriptlet" in scripts
+
+
+def test_installs_into_a_clean_debian_root(installed: Path) -> None:
+    root = installed
+    log = root.joinpath("tmp", "dpkg-install.log").read_text()
+    assert "vgpu-hook containerd install" in log  # the one command, printed, not run
+    assert not root.joinpath("etc/containerd").exists()
+    for cmd in COMMANDS:
+        assert os.readlink(root / "usr/bin" / cmd) == f"/opt/vgpu/bin/{cmd}"
+    v = pkgbuild.chroot(root, "vgpu-hook", "--version")
+    assert v.stdout.strip() == f"vgpu-hook {__version__}"
+    h = pkgbuild.chroot(root, "vgpu-device-plugin", "--help")
+    assert "--device-split-count" in h.stdout
+    pkgbuild.chroot(root, "vgpu-monitor", "--help")
+    pkgbuild.chroot(root, "vgpuctl", "--help")
+    # The shipped config is the built-in defaults, and every daemon accepts it.
+    pkgbuild.chroot(
+        root,
+        "/opt/vgpu/bin/python",
+        "-I",
+        "-c",
+        "from vgpu.config import load_config, NodeConfig; "
+        "assert load_config('/etc/vgpu/config.toml', missing_ok=False) == NodeConfig()",
+    )
+    st = os.stat(root / "var/lib/vgpu")
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    for unit in UNITS:
+        assert (wants / unit).is_symlink(), f"{unit} not enabled"
+    assert root.joinpath("usr/lib/vgpu/libvgpu.so").stat().st_size > 0
+
+
+def test_systemd_units_verify(installed: Path) -> None:
+    units = [f"/usr/lib/systemd/system/{u}" for u in UNITS]
+    r = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", f"--root={installed}", *units],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "vgpu" not in r.stderr, r.stderr  # no warning about our units either
+    text = (installed / "usr/lib/systemd/system/vgpu-monitor.service").read_text()
+    assert "Restart=always" in text and "ExecStopPost=" in text
+    assert "Restart=always" in (installed / "usr/lib/systemd/system/vgpu-device-plugin.service").read_text()
+
+
+def test_monitor_stop_path_resumes_the_ledger(installed: Path) -> None:
+    """ExecStopPost's program resumes a process the ledger names (pid + start time)."""
+    from monitor import ledger
+    from monitor.procs import ProcKey, start_time
+
+    victim = subprocess.Popen(["sleep", "60"])
+    proc = installed / "proc"
+    try:
+        os.kill(victim.pid, signal.SIGSTOP)
+        assert _state(victim.pid) == "T"
+        (installed / "var/lib/vgpu/monitor").mkdir(parents=True, exist_ok=True)
+        started = start_time(victim.pid)
+        assert started is not None
+        ledger.write(str(installed / "var/lib/vgpu/monitor/ledger"), [ProcKey(victim.pid, started)])
+        subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+        try:
+            r = pkgbuild.chroot(installed, "/usr/lib/vgpu/vgpu-resume-suspended", "/etc/vgpu/config.toml")
+        finally:
+            subprocess.run(["umount", "-l", str(proc)], check=False)
+        assert "resumed 1" in r.stdout
+        assert _state(victim.pid) != "T"
+        assert ledger.read(str(installed / "var/lib/vgpu/monitor/ledger")) == set()
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_upgrade_keeps_config_remove_and_purge(built: Built, packages: pkgbuild.Packages) -> None:
+    with pkgbuild.scratch_root(built.base) as root:
+        deb = "/tmp/" + packages.deb.name
+        shutil.copy(packages.deb, root / "tmp" / packages.deb.name)
+        pkgbuild.chroot(root, "dpkg", "-i", deb)
+        cfg = root / "etc/vgpu/config.toml"
+        edited = cfg.read_text().replace("device_split_count = 2", "device_split_count = 4")
+        cfg.write_text(edited)
+        (root / "var/lib/vgpu/allocations").mkdir()
+        # Reinstall = upgrade path: the admin's edit survives, no conffile prompt.
+        up = pkgbuild.chroot(root, "dpkg", "-i", deb)
+        assert "Setting up k8s-vgpu" in up.stdout
+        assert cfg.read_text() == edited
+        # Remove: units disabled, programs gone, state and config kept.
+        pkgbuild.chroot(root, "dpkg", "-r", "k8s-vgpu")
+        for unit in UNITS:
+            assert not (root / "etc/systemd/system/multi-user.target.wants" / unit).exists()
+        assert not (root / "usr/bin/vgpu-hook").exists() and not (root / "opt/vgpu").exists()
+        assert (root / "var/lib/vgpu/allocations").is_dir() and cfg.exists()
+        # Purge: state, logs and the conffile go.
+        pkgbuild.chroot(root, "dpkg", "-P", "k8s-vgpu")
+        assert not (root / "var/lib/vgpu").exists()
+        assert not (root / "var/log/vgpu").exists()
+        assert not (root / "etc/vgpu").exists()
+
+
+def test_lintian_has_no_errors(built: Built) -> None:
+    out, err = built.lint.communicate(timeout=600)
+    errors = [line for line in out.splitlines() if line.startswith("E:")]
+    assert errors == [], "\n".join(errors[:40])
+    assert built.lint.returncode in (0, 1), err  # 1 = tags found (warnings only, checked above)
