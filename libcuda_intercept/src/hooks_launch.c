@@ -7,17 +7,22 @@
  */
 #include "vgpu.h"
 
-#define FWD(name, params, args)                            \
-    VGPU_EXPORT CUresult name params                       \
-    {                                                      \
-        CUresult(*f) params = REAL(name);                  \
-        if (UNLIKELY(!f)) {                                \
-            vgpu_resolve_cuda();                           \
-            f = REAL(name);                                \
-            if (!f)                                        \
-                return CUDA_ERROR_NOT_FOUND;               \
-        }                                                  \
-        return f args;                                     \
+/* The fast path is one load, one test and a tail jump; resolving the driver
+ * on first use lives in a separate cold function so the hot one needs no
+ * stack frame. */
+#define FWD(name, params, args)                              \
+    static __attribute__((noinline, cold)) CUresult name##_first params \
+    {                                                        \
+        vgpu_resolve_cuda();                                 \
+        CUresult(*f) params = REAL(name);                    \
+        return f ? f args : CUDA_ERROR_NOT_FOUND;            \
+    }                                                        \
+    VGPU_EXPORT CUresult name params                         \
+    {                                                        \
+        CUresult(*f) params = REAL(name);                    \
+        if (LIKELY(f))                                       \
+            return f args;                                   \
+        return name##_first args;                            \
     }
 
 #define LK_PARAMS                                                                                            \

@@ -175,9 +175,47 @@ static int reclaim_locked(void)
     return n;
 }
 
+static int devices_match(const struct vgpu_region *r, const struct vgpu_limits *lim)
+{
+    if (LD(&r->num_devices) != lim->count)
+        return 0;
+    for (unsigned i = 0; i < lim->count; i++) {
+        const struct vgpu_region_device *d = &r->devices[i];
+        if (strncmp(d->uuid, lim->dev[i].uuid, VGPU_UUID_LEN) != 0 || LD(&d->memory_limit) != lim->dev[i].memory_limit ||
+            LD(&d->core_percent) != lim->dev[i].core_percent ||
+            LD(&d->flags) != (lim->dev[i].oversubscribe ? VGPU_DEV_OVERSUBSCRIBE : 0u))
+            return 0;
+    }
+    return 1;
+}
+
+/* under the lock: make the header valid (or say why it cannot be) and the
+ * device table a copy of the limits file, which is the authority */
+static const char *fix_locked(struct vgpu_region *r, int fresh, const struct vgpu_limits *lim)
+{
+    if (fresh || header_zero(r)) {
+        header_init(r);
+    } else {
+        const char *p = header_problem(r);
+        if (p)
+            return p;
+    }
+    for (unsigned i = 0; i < lim->count; i++) {
+        struct vgpu_region_device *d = &r->devices[i];
+        if (strncmp(d->uuid, lim->dev[i].uuid, VGPU_UUID_LEN) != 0) {
+            memset(d, 0, sizeof *d);
+            snprintf(d->uuid, sizeof d->uuid, "%s", lim->dev[i].uuid);
+        }
+        d->memory_limit = lim->dev[i].memory_limit;
+        d->core_percent = lim->dev[i].core_percent;
+        d->flags = lim->dev[i].oversubscribe ? VGPU_DEV_OVERSUBSCRIBE : 0;
+    }
+    r->num_devices = lim->count;
+    return NULL;
+}
+
 int vgpu_rgn_map(const char *path, int create, const struct vgpu_limits *lim, char *err, size_t errlen)
 {
-    int rc = -1;
     pthread_mutex_lock(&g_mu);
     if (g_r) {
         pthread_mutex_unlock(&g_mu);
@@ -192,73 +230,76 @@ int vgpu_rgn_map(const char *path, int create, const struct vgpu_limits *lim, ch
     }
     if (fd < 0) {
         snprintf(err, errlen, "cannot open: %s", strerror(errno));
-        goto out_unlock;
+        pthread_mutex_unlock(&g_mu);
+        return -1;
     }
+    struct vgpu_region *r = MAP_FAILED;
+    int locked = 0;
+    const char *problem = NULL;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "not a regular file");
-        goto out_close;
-    }
-    if (ofd_lock(fd, F_WRLCK, VGPU_REGION_LOCK_BYTE, 1) != 0) {
-        snprintf(err, errlen, "cannot lock: %s", strerror(errno));
-        goto out_close;
-    }
-    if (fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "fstat: %s", strerror(errno));
-        goto out_lock;
-    }
-    int fresh = 0;
-    if (st.st_size == 0) {
-        if (ftruncate(fd, (off_t)sizeof(struct vgpu_region)) != 0) {
-            snprintf(err, errlen, "cannot size: %s", strerror(errno));
-            goto out_lock;
+    for (;;) {
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            problem = "not a regular file";
+            break;
         }
-        fresh = 1;
-    } else if ((uint64_t)st.st_size < sizeof(struct vgpu_region)) {
-        snprintf(err, errlen, "corrupt: short file (%lld < %zu bytes)", (long long)st.st_size,
-                 sizeof(struct vgpu_region));
-        goto out_lock;
-    }
-    struct vgpu_region *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (r == MAP_FAILED) {
-        snprintf(err, errlen, "mmap: %s", strerror(errno));
-        goto out_lock;
-    }
-    if (fresh || header_zero(r)) {
-        header_init(r);
-    } else {
-        const char *p = header_problem(r);
+        int fresh = st.st_size == 0;
+        if (fresh && !locked) {
+            /* create under the lock (another process may be doing the same) */
+            if (ofd_lock(fd, F_WRLCK, VGPU_REGION_LOCK_BYTE, 1) != 0) {
+                problem = "cannot lock";
+                break;
+            }
+            locked = 1;
+            continue;
+        }
+        if (fresh && ftruncate(fd, (off_t)sizeof(struct vgpu_region)) != 0) {
+            problem = "cannot size the file";
+            break;
+        }
+        if (!fresh && (uint64_t)st.st_size < sizeof(struct vgpu_region)) {
+            problem = "corrupt: short file";
+            break;
+        }
+        if (r == MAP_FAILED)
+            r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (r == MAP_FAILED) {
+            problem = "mmap failed";
+            break;
+        }
+        /* the common case: a valid header that already mirrors the limits, no lock needed */
+        if (!fresh && !locked && !header_problem(r) && devices_match(r, lim))
+            break;
+        if (!locked) {
+            if (ofd_lock(fd, F_WRLCK, VGPU_REGION_LOCK_BYTE, 1) != 0) {
+                problem = "cannot lock";
+                break;
+            }
+            locked = 1;
+            continue; /* look again under the lock */
+        }
+        const char *p = fix_locked(r, fresh, lim);
         if (p) {
             snprintf(err, errlen, "corrupt: %s", p);
+            problem = err;
+        }
+        break;
+    }
+    if (locked)
+        ofd_lock(fd, F_UNLCK, VGPU_REGION_LOCK_BYTE, 0);
+    if (problem) {
+        if (problem != err)
+            snprintf(err, errlen, "%s", problem);
+        if (r != MAP_FAILED)
             munmap(r, sizeof *r);
-            goto out_lock;
-        }
+        close(fd);
+        pthread_mutex_unlock(&g_mu);
+        return -1;
     }
-    /* The limits file is the authority: the device table mirrors it. */
-    for (unsigned i = 0; i < lim->count; i++) {
-        struct vgpu_region_device *d = &r->devices[i];
-        if (strncmp(d->uuid, lim->dev[i].uuid, VGPU_UUID_LEN) != 0) {
-            memset(d, 0, sizeof *d);
-            snprintf(d->uuid, sizeof d->uuid, "%s", lim->dev[i].uuid);
-        }
-        d->memory_limit = lim->dev[i].memory_limit;
-        d->core_percent = lim->dev[i].core_percent;
-        d->flags = lim->dev[i].oversubscribe ? VGPU_DEV_OVERSUBSCRIBE : 0;
-    }
-    r->num_devices = lim->count;
     g_r = r;
     g_fd = fd;
     g_ndev = lim->count;
-    ofd_lock(fd, F_UNLCK, VGPU_REGION_LOCK_BYTE, 0);
     pthread_mutex_unlock(&g_mu);
     return 0;
-out_lock:
-    ofd_lock(fd, F_UNLCK, VGPU_REGION_LOCK_BYTE, 0);
-out_close:
-    close(fd);
-out_unlock:
-    pthread_mutex_unlock(&g_mu);
-    return rc;
 }
 
 int vgpu_rgn_mapped(void) { return g_r != NULL; }
@@ -300,15 +341,22 @@ int vgpu_rgn_join(char *err, size_t errlen)
         unlock_region();
         return 0;
     }
-    reclaim_locked();
+    /* Take the lowest FREE slot.  Dead slots are not probed here (that is
+     * a syscall per live process, under the lock): they are reclaimed when
+     * their memory is needed (a charge over the limit, a report) or when
+     * no slot is free. */
     int got = -1;
-    for (unsigned i = 0; i < VGPU_MAX_SLOTS; i++) {
-        if (LD(&g_r->slots[i].state) != VGPU_SLOT_FREE)
-            continue;
-        if (ofd_lock(g_fd, F_RDLCK, VGPU_REGION_SLOT_LOCK_BASE + i, 0) != 0)
-            continue;
-        got = (int)i;
-        break;
+    for (int pass = 0; pass < 2 && got < 0; pass++) {
+        if (pass == 1 && reclaim_locked() == 0)
+            break;
+        for (unsigned i = 0; i < VGPU_MAX_SLOTS; i++) {
+            if (LD(&g_r->slots[i].state) != VGPU_SLOT_FREE)
+                continue;
+            if (ofd_lock(g_fd, F_RDLCK, VGPU_REGION_SLOT_LOCK_BASE + i, 0) != 0)
+                continue;
+            got = (int)i;
+            break;
+        }
     }
     if (got < 0) {
         unlock_region();
@@ -322,7 +370,9 @@ int vgpu_rgn_join(char *err, size_t errlen)
     s->start_time = start;
     __atomic_store_n(&s->state, VGPU_SLOT_ACTIVE, __ATOMIC_RELEASE);
     g_slot = got;
-    recompute_locked();
+    if ((unsigned)got >= hwm())
+        ST(&g_r->slot_hwm, (uint32_t)got + 1);
+    __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
     unlock_region();
     VLOG(VGPU_LOG_DEBUG, "joined region slot %d", got);
     return 0;
