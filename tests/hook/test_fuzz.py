@@ -203,15 +203,17 @@ def test_constants_match_shared_core() -> None:
 # ---- real hook processes ------------------------------------------------------------------
 
 
-def _hook(tmp: Path, kind: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
-    args = support.hook_args(kind, state_dir=tmp / "state", library=tmp / "lib.so", log_dir=tmp / "log")
+def _hook(tmp: Path, kind: str, stdin: bytes, shell: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """Run the hook as installed: Python directly, or behind the sh filter."""
+    args = support.hooks(tmp / "state", tmp / "lib.so", tmp / "log", shell=shell)[kind][0]["args"]
     return subprocess.run(args, input=stdin, capture_output=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
 
 
-@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("shell", [False, True], ids=["python", "shell-filter"])
+@settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(state=states(), spec=specs())
 def test_hook_process_prestart(
-    tmp_path_factory: pytest.TempPathFactory, state: tuple[bytes, bool], spec: bytes | OSError
+    tmp_path_factory: pytest.TempPathFactory, shell: bool, state: tuple[bytes, bool], spec: bytes | OSError
 ) -> None:
     tmp = tmp_path_factory.mktemp("fz")
     bundle = tmp / "bundle"
@@ -221,7 +223,7 @@ def test_hook_process_prestart(
     data, _ = state
     # Point the state at this bundle when it names the placeholder one.
     data = data.replace(b'"/bundle"', json.dumps(str(bundle)).encode())
-    r = _hook(tmp, "prestart", data)
+    r = _hook(tmp, "prestart", data, shell)
     err = r.stderr.decode("utf-8", "replace")
     assert b"Traceback" not in r.stderr, err
     assert r.returncode in (0, 1), (r.returncode, err)
