@@ -30,7 +30,23 @@ def available() -> str | None:
     return None
 
 
-def base_config(d: Path) -> str:
+def overlay_works(d: Path) -> bool:
+    """Whether overlayfs mounts on this filesystem (not on an overlay root, e.g. in some CI containers)."""
+    t = d / "ovl-probe"
+    for sub in ("lower", "upper", "work", "merged"):
+        (t / sub).mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={t}/lower,upperdir={t}/upper,workdir={t}/work", str(t / "merged")],
+        capture_output=True,
+    )  # fmt: skip
+    if r.returncode == 0:
+        subprocess.run(["umount", str(t / "merged")], capture_output=True)
+    shutil.rmtree(t, ignore_errors=True)
+    return r.returncode == 0
+
+
+def base_config(d: Path, snapshotter: str = "overlayfs") -> str:
     text = subprocess.run(["containerd", "config", "default"], capture_output=True, text=True, check=True).stdout
     doc = tomlkit.parse(text)
     doc["root"] = str(d / "root")
@@ -46,7 +62,7 @@ def base_config(d: Path) -> str:
     cri["restrict_oom_score_adj"] = True
     cri["disable_cgroup"] = False
     cri["enable_selinux"] = False
-    cri["containerd"]["snapshotter"] = "overlayfs"  # type: ignore[index]
+    cri["containerd"]["snapshotter"] = snapshotter  # type: ignore[index]
     cri["cni"]["bin_dir"] = str(d / "cni-bin")  # type: ignore[index]
     cri["cni"]["conf_dir"] = str(d / "cni-conf")  # type: ignore[index]
     # runc state of this containerd apart from any other.
@@ -63,10 +79,12 @@ class Containerd:
         self.sock = d / "containerd.sock"
         self.log = d / "containerd.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.snapshotter = "overlayfs"
 
     def write_config(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(base_config(self.dir))
+        self.snapshotter = "overlayfs" if overlay_works(self.dir) else "native"
+        self.config.write_text(base_config(self.dir, self.snapshotter))
 
     def start(self, timeout: float = 60) -> None:
         logf = open(self.log, "wb")

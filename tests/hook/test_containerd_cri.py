@@ -79,7 +79,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     ociimage.build_image(d / "img", d / "img.tar", ctrd.IMAGE, ["sleep", "3600"])
     c.start()
     try:
-        r2 = c.ctr("images", "import", "--snapshotter", "overlayfs", str(d / "img.tar"))
+        r2 = c.ctr("images", "import", "--snapshotter", c.snapshotter, str(d / "img.tar"))
         assert r2.returncode == 0, r2.stderr
         chan = grpc.insecure_channel(f"unix://{c.sock}")
         rt = cri_grpc.RuntimeServiceStub(chan)
