@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -378,47 +379,74 @@ int vgpu_rgn_join(char *err, size_t errlen)
     return 0;
 }
 
+static void sat_sub(uint64_t *p, uint64_t n);
+
+/* usage of device dev over the active slots (ours included) */
+static uint64_t usage_of(unsigned dev)
+{
+    unsigned h = hwm();
+    if ((unsigned)g_slot >= h)
+        h = (unsigned)g_slot + 1;
+    uint64_t sum = 0;
+    for (unsigned i = 0; i < h; i++) {
+        const struct vgpu_slot *s = &g_r->slots[i];
+        if (LD(&s->state) == VGPU_SLOT_ACTIVE)
+            sum = vgpu_sat_add(sum, slot_dev_total(s, dev));
+    }
+    return sum;
+}
+
+/*
+ * Add, then check: the charge is added to this slot first, then the whole
+ * usage (ours included) is summed, and the charge is taken back if that sum
+ * is over the limit.  Adds are sequentially consistent read-modify-writes
+ * followed by a full fence, so of any two concurrent chargers at least the
+ * later one (in the total order of adds) sees the other's add; hence the
+ * charger that added last among all committed ones has checked the sum of
+ * all of them: committed charges never exceed the limit together, and no
+ * lock or syscall is needed on this path.  A tentative add that is about to
+ * be taken back can make a concurrent charger near the limit see too much;
+ * such a "no" is therefore re-examined under the region lock after dead
+ * slots are reclaimed, a few times, before it becomes CUDA_ERROR_OUT_OF_MEMORY.
+ */
+static int try_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t *ctr)
+{
+    __atomic_add_fetch(ctr, n, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (usage_of(dev) <= limit)
+        return 0;
+    sat_sub(ctr, n);
+    return -1;
+}
+
 int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t reserve, int kind)
 {
     if (!g_r || g_slot < 0 || dev >= g_ndev)
         return -1;
-    int ok = -1;
-    lock_region();
     struct vgpu_slot_device *me = &g_r->slots[g_slot].dev[dev];
-    for (int attempt = 0; attempt < 2; attempt++) {
-        unsigned h = hwm();
-        if ((unsigned)g_slot >= h)
-            h = (unsigned)g_slot + 1;
-        uint64_t sum = 0;
-        for (unsigned i = 0; i < h; i++) {
-            const struct vgpu_slot *s = &g_r->slots[i];
-            if (LD(&s->state) == VGPU_SLOT_ACTIVE)
-                sum = vgpu_sat_add(sum, slot_dev_total(s, dev));
+    /* this process's context reserve (set once, never lowered) */
+    uint64_t old = LD(&me->ctx_reserve);
+    while (old < reserve && !__atomic_compare_exchange_n(&me->ctx_reserve, &old, reserve, 1, __ATOMIC_SEQ_CST,
+                                                         __ATOMIC_RELAXED))
+        ;
+    uint64_t *ctr = kind == VGPU_KIND_HOST ? &me->host_bytes : &me->device_bytes;
+    int ok = try_charge(dev, n, limit, ctr);
+    if (ok != 0) {
+        lock_region();
+        for (int attempt = 0; attempt < 4 && ok != 0; attempt++) {
+            if (attempt == 0 && reclaim_locked() > 0)
+                recompute_locked();
+            else if (attempt > 0)
+                sched_yield(); /* let a concurrent tentative charge be taken back */
+            ok = try_charge(dev, n, limit, ctr);
         }
-        uint64_t extra = LD(&me->extra_bytes), old = LD(&me->ctx_reserve);
-        uint64_t before = extra > old ? extra : old;
-        uint64_t newres = reserve > old ? reserve : old;
-        uint64_t after = extra > newres ? extra : newres;
-        uint64_t need = vgpu_sat_add(n, after - before);
-        if (sum <= limit && need <= limit - sum) {
-            ST(&me->ctx_reserve, newres);
-            __atomic_add_fetch(kind == VGPU_KIND_HOST ? &me->host_bytes : &me->device_bytes, n, __ATOMIC_RELAXED);
-            if (kind == VGPU_KIND_HOST)
-                __atomic_add_fetch(&g_r->devices[dev].used_host, n, __ATOMIC_RELAXED);
-            else
-                __atomic_add_fetch(&g_r->devices[dev].used_device, n, __ATOMIC_RELAXED);
-            __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
-            ok = 0;
-            break;
-        }
-        /* over the limit: return dead processes' usage, then look again */
-        if (attempt == 0 && reclaim_locked() > 0) {
-            recompute_locked();
-            continue;
-        }
-        break;
+        unlock_region();
     }
-    unlock_region();
+    if (ok == 0) {
+        __atomic_add_fetch(kind == VGPU_KIND_HOST ? &g_r->devices[dev].used_host : &g_r->devices[dev].used_device, n,
+                           __ATOMIC_RELAXED);
+        __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
+    }
     return ok;
 }
 

@@ -8,9 +8,8 @@ LD_PRELOAD=build/libvgpu.so; every figure is "through the library" minus
 - launch_overhead_ns: per cuLaunchKernel call, 10M calls per run.  The launch
   is one the simulator rejects at its entry (NULL function), so its own part
   is a constant few ns and the difference is the wrapper.
-- alloc_free_overhead_ns: CPU time per cuMemAlloc_v2+cuMemFree_v2 pair (1 MiB)
-  in each of 8 processes running at once in one region (so the region lock is
-  contended), mean over the 8.
+- alloc_free_overhead_ns: CPU time per cuMemAlloc_v2+cuMemFree_v2 pair (64 KiB)
+  in each of 8 processes running at once in one region, mean over the 8.
 - init_ms_per_process_n{1,16,64}: N processes of one container released at
   the same instant; CPU time of cuInit + context + first alloc/free (the
   library maps the region and takes a slot in there), mean over the N
@@ -128,16 +127,16 @@ def main() -> int:
         together(tmp, False, ["init"], 4)  # warm the page cache and the simulator state
         together(tmp, True, ["init"], 4)
         calls = 1_000_000 if quick else 10_000_000
-        launch_ns = paired(3 if quick else 9, lambda lib: launch(tmp, lib, calls))
+        launch_ns = paired(3 if quick else 15, lambda lib: launch(tmp, lib, calls))
         print(f"launch_overhead_ns={launch_ns:.1f}", flush=True)
 
         pairs = 2000 if quick else 20000
 
         def allocfree(lib: bool) -> float:
-            res = together(tmp, lib, ["allocfree", str(pairs), str(1 << 20)], 8)
+            res = together(tmp, lib, ["allocfree", str(pairs), str(64 << 10)], 8)
             return statistics.mean(r["pair_cpu_ns"] for r in res)
 
-        af_ns = paired(3 if quick else 5, allocfree)
+        af_ns = paired(3 if quick else 9, allocfree)
         print(f"alloc_free_overhead_ns={af_ns:.0f}", flush=True)
 
         init_ms = {}

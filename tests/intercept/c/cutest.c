@@ -52,6 +52,7 @@ static void usage(void)
             " vmm SIZE            cuMemCreate; vmap I, vunmap I, vrelease I\n"
             " array W H           cuArrayCreate_v2 (1 channel float); adestroy I\n"
             " info / total        cuMemGetInfo_v2 / cuDeviceTotalMem_v2\n"
+            " uuid                cuDeviceGetUuid of the current device, as GPU-...\n"
             " launch N            N x cuLaunchKernel (prints ns per call)\n"
             " hooks               which entry points resolve into libvgpu\n"
             " race ITER MAX SEED [US]  random alloc/free (<=16 live) of 1..MAX bytes, US us apart\n"
@@ -315,6 +316,13 @@ int main(int argc, char **argv)
             NEEDF(cuMemGetInfo_v2);
             CUresult rc = A.cuMemGetInfo_v2(&f, &t);
             printf("info rc=%d free=%zu total=%zu\n", rc, f, t);
+        } else if (!strcmp(c, "uuid")) {
+            CUuuid u;
+            NEEDF(cuDeviceGetUuid);
+            CUresult rc = A.cuDeviceGetUuid(&u, cur_dev);
+            const unsigned char *b = (const unsigned char *)u.bytes;
+            printf("uuid rc=%d uuid=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", rc, b[0],
+                   b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
         } else if (!strcmp(c, "total")) {
             size_t t = 0;
             NEEDF(cuDeviceTotalMem_v2);
