@@ -57,13 +57,17 @@ def open_in_root(rootfd: int, path: str, flags: int, mode: int = 0) -> int:
 def _walk(rootfd: int, path: str, flags: int, mode: int) -> int:
     """Userspace RESOLVE_IN_ROOT: follow symlinks ourselves, one component at a time."""
     stack = [os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=rootfd)]
-    todo = _components(path)
+    # "." and "" (a trailing or doubled slash) stay in the list: a name followed
+    # by them must be a directory, as in the kernel's walk.
+    todo = path.split("/")
     links = 0
     try:
         if not todo:
             return os.open(".", flags | os.O_CLOEXEC, mode, dir_fd=stack[-1])
         while todo:
             name = todo.pop(0)
+            if name in ("", "."):
+                continue
             if name == "..":
                 if len(stack) > 1:
                     os.close(stack.pop())
@@ -88,7 +92,7 @@ def _walk(rootfd: int, path: str, flags: int, mode: int) -> int:
                 if target.startswith("/"):
                     while len(stack) > 1:
                         os.close(stack.pop())
-                todo = _components(target) + todo
+                todo = target.split("/") + todo
                 continue
             if last:
                 os.close(fd)
