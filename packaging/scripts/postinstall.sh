@@ -52,6 +52,11 @@ if [ "$booted" = 1 ] && command -v systemctl >/dev/null 2>&1; then
   fi
 fi
 
+if [ "$upgrade" = 1 ] && [ "$containerd_changed" = 0 ] && [ -e /etc/containerd/config.toml.vgpu-hook.json ]; then
+  echo "k8s-vgpu: upgraded.  If [common] or [hook] of /etc/vgpu/config.toml changed, re-wire the hook:"
+  echo "    vgpu-hook containerd install && systemctl restart containerd"
+fi
+
 if [ "$upgrade" = 0 ] && [ "$containerd_changed" = 0 ]; then
   cat <<'MSG'
 k8s-vgpu installed.  To run vGPU containers, wire the hook into containerd once:

@@ -1,6 +1,6 @@
 """Helpers of the packaging tests: build the deb/rpm, list their files, make a clean Debian root.
 
-The clean root is made by debootstrap (minbase + python3 + systemd, the suite of the host) once
+The clean root is made by debootstrap (minbase + python3, systemd, containerd; the host's suite) once
 and cached under build/pkgtest/; every test works on an overlay of it, so the cache stays
 pristine and reruns take seconds.
 """
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
 PKG_DIR = BUILD / "pkg"
 CACHE = BUILD / "pkgtest"
-ROOTFS_PACKAGES = ("python3", "systemd")
+ROOTFS_PACKAGES = ("python3", "systemd", "containerd")
 MIRROR = os.environ.get("VGPU_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
 

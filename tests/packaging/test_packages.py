@@ -9,16 +9,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import stat
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from tests.packaging import pkgbuild
@@ -138,7 +142,8 @@ def test_installs_into_a_clean_debian_root(installed: Path) -> None:
     root = installed
     log = root.joinpath("tmp", "dpkg-install.log").read_text()
     assert "vgpu-hook containerd install" in log  # the one command, printed, not run
-    assert not root.joinpath("etc/containerd").exists()
+    assert not root.joinpath("etc/containerd/config.toml.vgpu-hook.json").exists()
+    assert not root.joinpath("etc/containerd/vgpu-base-spec.json").exists()
     for cmd in COMMANDS:
         assert os.readlink(root / "usr/bin" / cmd) == f"/opt/vgpu/bin/{cmd}"
     v = pkgbuild.chroot(root, "vgpu-hook", "--version")
@@ -187,7 +192,7 @@ def test_monitor_stop_path_resumes_the_ledger(installed: Path) -> None:
     proc = installed / "proc"
     try:
         os.kill(victim.pid, signal.SIGSTOP)
-        assert _state(victim.pid) == "T"
+        assert _wait_state(victim.pid, lambda s: s == "T")
         (installed / "var/lib/vgpu/monitor").mkdir(parents=True, exist_ok=True)
         started = start_time(victim.pid)
         assert started is not None
@@ -198,7 +203,7 @@ def test_monitor_stop_path_resumes_the_ledger(installed: Path) -> None:
         finally:
             subprocess.run(["umount", "-l", str(proc)], check=False)
         assert "resumed 1" in r.stdout
-        assert _state(victim.pid) != "T"
+        assert _wait_state(victim.pid, lambda s: s != "T")
         assert ledger.read(str(installed / "var/lib/vgpu/monitor/ledger")) == set()
     finally:
         victim.kill()
@@ -208,6 +213,73 @@ def test_monitor_stop_path_resumes_the_ledger(installed: Path) -> None:
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_state(pid: int, ok: Callable[[str], bool], timeout: float = 10.0) -> bool:
+    """Signals are delivered asynchronously: poll the process state."""
+    deadline = time.monotonic() + timeout
+    while not ok(_state(pid)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_containerd_switch_wires_and_unwires_the_hook(built: Built) -> None:
+    """VGPU_CONFIGURE_CONTAINERD=1: postinst runs `vgpu-hook containerd install` (against the
+    root's real containerd), the wired hook runs from the package's venv, and removal restores
+    containerd's configuration byte for byte."""
+    with pkgbuild.scratch_root(built.base) as root:
+        conf = root / "etc/containerd/config.toml"
+        original = conf.read_bytes() if conf.exists() else None
+        deb = "/tmp/" + built.deb.name
+        shutil.copy(built.deb, root / "tmp" / built.deb.name)
+        switch = {"VGPU_CONFIGURE_CONTAINERD": "1"}
+        r = pkgbuild.chroot(root, "dpkg", "-i", deb, env=switch)
+        assert "configured (handler `vgpu`)" in r.stdout, r.stdout
+        doc = msgspec.toml.decode(conf.read_bytes())
+        runtime = doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vgpu"]
+        spec = json.loads((root / runtime["base_runtime_spec"].lstrip("/")).read_text())
+        prestart = spec["hooks"]["prestart"][-1]
+        assert prestart["env"] and prestart["timeout"] > 0  # explicit env: never the image's
+        assert any("/opt/vgpu/" in a for a in prestart["args"])
+
+        # The hook as runc runs it (argv, explicit env, state on stdin), inside the root.
+        bundle = root / "tmp/bundle"
+        (bundle / "rootfs").mkdir(parents=True)
+        config: dict[str, Any] = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin"]}, "root": {"path": "rootfs"}}
+        (bundle / "config.json").write_text(json.dumps(config))
+        state: dict[str, Any] = {"ociVersion": "1.0.2", "id": "plain", "status": "creating", "pid": 1}
+        state["bundle"] = "/tmp/bundle"
+        hook_env = dict(e.split("=", 1) for e in prestart["env"])
+
+        def run_hook() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["chroot", str(root), *prestart["args"]],
+                input=json.dumps(state),
+                env=hook_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        plain = run_hook()
+        assert plain.returncode == 0, plain.stderr
+        token = "0" * 32  # well-formed, but no allocation record: the container must not start
+        config["annotations"] = state["annotations"] = {"vgpu.k8s.io/allocation-token": token}
+        (bundle / "config.json").write_text(json.dumps(config))
+        state["id"] = "tokened"
+        failed = run_hook()
+        assert failed.returncode != 0 and "vgpu-hook" in failed.stderr, (failed.returncode, failed.stderr)
+
+        r = pkgbuild.chroot(root, "dpkg", "-r", "k8s-vgpu", env=switch)
+        assert "restored" in r.stdout, r.stdout
+        if original is None:
+            assert not conf.exists()
+        else:
+            assert conf.read_bytes() == original
+        assert not (root / runtime["base_runtime_spec"].lstrip("/")).exists()
+        assert not (root / "etc/containerd/config.toml.vgpu-hook.json").exists()
 
 
 def test_upgrade_keeps_config_remove_and_purge(built: Built, packages: pkgbuild.Packages) -> None:
