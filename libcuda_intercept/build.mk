@@ -6,7 +6,7 @@ VGPU_ASAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 # weak references alone would let the linker drop DT_NEEDED libcuda.so.1
 INTERCEPT_LINK_CUDA := -L$(BUILD)/intercept/stub -Wl,--no-as-needed -lcuda
 INTERCEPT_TESTS_SRC := $(wildcard tests/intercept/c/*.c)
-INTERCEPT_TEST_BINS := $(patsubst tests/intercept/c/%.c,$(BUILD)/intercept/%,$(filter-out tests/intercept/c/common.c tests/intercept/c/stubcuda.c,$(INTERCEPT_TESTS_SRC)))
+INTERCEPT_TEST_BINS := $(patsubst tests/intercept/c/%.c,$(BUILD)/intercept/%,$(filter-out tests/intercept/c/common.c tests/intercept/c/stubcuda.c tests/intercept/c/reenter_driver.c,$(INTERCEPT_TESTS_SRC)))
 
 ALL_TARGETS += $(BUILD)/libvgpu.so $(BUILD)/intercept/libvgpu-asan.so $(BUILD)/intercept/stub/libcuda.so.1 \
                $(INTERCEPT_TEST_BINS)
@@ -34,10 +34,16 @@ $(BUILD)/intercept/%: tests/intercept/c/%.c $(INTERCEPT_TESTS_SRC) $(wildcard te
 
 .PHONY: test-asan
 test-asan: venv build-all
-	VGPU_TEST_ASAN=1 $(PY) -m pytest -q tests/intercept -k 'not bench'
+	$(PY) -m pytest -q tests/intercept -k asan
 
 # the library's own limits parser, standalone (cross-checked against vgpu/limits.py)
 $(BUILD)/intercept/limits_check: tests/intercept/c/limits_check.c libcuda_intercept/src/vlimits.c \
                                  libcuda_intercept/src/vlimits.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_PROG) -Ilibcuda_intercept/src -o $@ $< libcuda_intercept/src/vlimits.c
+
+# a test driver in front of the simulator that re-enters the exported API (tests/intercept/test_reentry.py)
+ALL_TARGETS += $(BUILD)/intercept/reenter/libcuda.so.1
+$(BUILD)/intercept/reenter/libcuda.so.1: tests/intercept/c/reenter_driver.c libcuda_intercept/src/cuda_abi.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_LIB) -Ilibcuda_intercept/src -shared -Wl,-soname,libcuda.so.1 -o $@ $< -ldl -lpthread
