@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
 
 from runtime_hook import hooklog, oci
 from runtime_hook.hooklog import kv
 
+TYPE_CHECKING = False  # `typing` (~3 ms) is not imported on the hook paths
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
 _FLAG_KEYS = {
     "--state-dir": "common.state_dir",
