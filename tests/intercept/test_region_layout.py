@@ -37,7 +37,7 @@ def _c_program() -> str:
     for cname, py in STRUCTS.items():
         lines.append(f'printf("sizeof {cname} %zu\\n", sizeof(struct {cname}));')
         lines.append(f'printf("alignof {cname} %zu\\n", _Alignof(struct {cname}));')
-        for fname, _ in py._fields_:
+        for fname, *_ in py._fields_:
             lines.append(f'printf("offsetof {cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
             lines.append(f'printf("fieldsize {cname}.{fname} %zu\\n", sizeof(((struct {cname} *)0)->{fname}));')
     for k in CONSTANTS:
@@ -60,7 +60,7 @@ def test_every_offset_and_size_matches(tmp_path: Path) -> None:
     for cname, py in STRUCTS.items():
         assert c[f"sizeof {cname}"] == ctypes.sizeof(py), cname
         assert c[f"alignof {cname}"] == ctypes.alignment(py), cname
-        for fname, _ in py._fields_:
+        for fname, *_ in py._fields_:
             field = getattr(py, fname)
             assert c[f"offsetof {cname}.{fname}"] == field.offset, f"{cname}.{fname}"
             assert c[f"fieldsize {cname}.{fname}"] == field.size, f"{cname}.{fname}"
@@ -79,4 +79,4 @@ def test_python_fields_cover_the_header() -> None:
         body = text.split(f"struct {cname} {{", 1)[1].split("};", 1)[0]
         body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
         names = [decl.split()[-1].split("[", 1)[0] for decl in body.split(";") if decl.strip()]
-        assert names == [f for f, _ in py._fields_], cname
+        assert names == [f[0] for f in py._fields_], cname
