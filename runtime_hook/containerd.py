@@ -53,10 +53,17 @@ def hook_command(python: str, kind: str, global_args: list[str]) -> list[str]:
 
 # The installed hook is this POSIX sh filter in front of the Python hook.  It
 # only ever decides "no token, nothing to do" (exit 0), and only when neither
-# token name appears anywhere in the raw state line nor in config.json (nor a
-# JSON \u escape that could spell one); everything else - tokens, odd input,
+# token name appears in the raw state line, and config.json holds no env
+# entry `"VGPU_ALLOCATION_TOKEN=`, no key ending `allocation-token"` and no
+# JSON \u escape of a character that could spell one (letters, digits, -./=;
+# Go's encoder escapes only <>& and control characters); everything else - tokens, odd input,
 # grep errors - goes to Python with the state re-fed on stdin.  A no-token
 # container then costs one sh and one grep (~2 ms) instead of an interpreter.
+#
+# The script itself is part of config.json (it is in the spec's hooks), so the
+# grep patterns are assembled at run time and never appear literally in it,
+# and it contains no `&`, `<` or `>`, which Go's JSON encoder (containerd)
+# writes as \u0026, \u003c, \u003e.  test_containerd_install checks both.
 SHELL_FILTER = r"""s=; IFS= read -r s
 case $s in *vgpu.k8s.io/allocation-token*|*VGPU_ALLOCATION_TOKEN*) ;; *)
   case $1 in
@@ -66,8 +73,9 @@ case $s in *vgpu.k8s.io/allocation-token*|*VGPU_ALLOCATION_TOKEN*) ;; *)
       b=${b%%\"*}
       case $b in /*\\*|/*\"*) ;; /*)
         if [ -f "$b/config.json" ]; then
-          grep -q -F -e VGPU_ALLOCATION_TOKEN -e vgpu.k8s.io/allocation-token -e '\u' "$b/config.json"
-          [ $? -eq 1 ] && exit 0
+          v=VGPU_ALLOCATION a=allocation e='\' x='(2[d-fD-F]|3[0-9dD]|[4-7][0-9a-fA-F])'
+          grep -q -E -e "\"${v}_TOKEN=" -e "${a}-token\"" -e "$e${e}u00$x" "$b/config.json"
+          if [ $? -eq 1 ]; then exit 0; fi
         fi;;
       esac
     fi;;
@@ -75,7 +83,7 @@ case $s in *vgpu.k8s.io/allocation-token*|*VGPU_ALLOCATION_TOKEN*) ;; *)
     i=${s#*\"id\":\"}
     if [ "$i" != "$s" ]; then
       i=${i%%\"*}
-      case $i in ""|.|..|*[!A-Za-z0-9_+.-]*) ;; *) [ -e "$VGPU_STATE/containers/$i" ] || exit 0;; esac
+      case $i in ""|.|..|*[!A-Za-z0-9_+.-]*) ;; *) if [ ! -e "$VGPU_STATE/containers/$i" ]; then exit 0; fi;; esac
     fi;;
   esac;;
 esac

@@ -76,12 +76,14 @@ def hook_args(kind: str, *, state_dir: Path, library: Path, log_dir: Path, pytho
     ]
 
 
-def hooks(state_dir: Path, library: Path, log_dir: Path, *, shell: bool = False) -> dict[str, Any]:
+def hooks(
+    state_dir: Path, library: Path, log_dir: Path, *, shell: bool = False, python: str = sys.executable
+) -> dict[str, Any]:
     """Hook objects as `vgpu-hook containerd install` writes them (shell=True: with the sh filter)."""
     from runtime_hook import containerd
 
     gargs = hook_args("x", state_dir=state_dir, library=library, log_dir=log_dir)[4:-1]
-    entries = containerd.hook_entries(sys.executable, gargs, 30, str(state_dir) if shell else None)
+    entries = containerd.hook_entries(python, gargs, 30, str(state_dir) if shell else None)
     return {k: [v] for k, v in entries.items()}
 
 
@@ -189,3 +191,12 @@ def runc_detach(runc_root: Path, bundle: Path, cid: str) -> subprocess.Completed
             timeout=60,
         )
     return subprocess.CompletedProcess(p.args, p.returncode, "", errf.read_text())
+
+
+def recording_python(d: Path) -> tuple[str, Path]:
+    """An interpreter stand-in that logs each invocation's last argument (the hook kind), then runs Python."""
+    log = d / "python-invocations"
+    exe = d / "python-recorder"
+    exe.write_text(f'#!/bin/sh\nfor a; do k=$a; done\necho "$k" >> {log}\nexec {sys.executable} "$@"\n')
+    exe.chmod(0o755)
+    return str(exe), log

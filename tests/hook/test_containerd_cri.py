@@ -37,7 +37,8 @@ from tests.hook.cri import api_pb2_grpc as cri_grpc  # noqa: E402
 
 
 class Env:
-    def __init__(self, d: Path, c: ctrd.Containerd, rt: Any, lib: Path) -> None:
+    def __init__(self, d: Path, c: ctrd.Containerd, rt: Any, lib: Path, calls: Path) -> None:
+        self.calls = calls  # one line per Python hook start (the sh filter let it through)
         self.dir = d
         self.c = c
         self.rt = rt
@@ -50,6 +51,7 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     d = tmp_path_factory.mktemp("ctrd")
     lib = support.placeholder_library(d)
+    python, calls = support.recording_python(d)
     c = ctrd.Containerd(d)
     c.write_config()
     r = subprocess.run(
@@ -69,6 +71,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             "install",
             "--containerd-config",
             str(c.config),
+            "--python",
+            python,
         ],
         capture_output=True,
         text=True,
@@ -83,7 +87,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         assert r2.returncode == 0, r2.stderr
         chan = grpc.insecure_channel(f"unix://{c.sock}")
         rt = cri_grpc.RuntimeServiceStub(chan)
-        yield Env(d, c, rt, lib)
+        yield Env(d, c, rt, lib, calls)
         chan.close()
     finally:
         c.stop()
@@ -185,6 +189,7 @@ def test_cri_vgpu_container_end_to_end(env: Env) -> None:
         env.rt.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0))
         _wait_exit(env, cid)
         _wait_gone(env.state / "containers" / cid)
+        assert env.calls.read_text().split() == ["prestart", "poststop"]  # the vGPU container only
         env.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid))
         # The sandbox (pause) container never gets the base spec's hooks.
         assert not (env.state / "containers" / pod).exists()
@@ -197,13 +202,15 @@ def test_cri_plain_and_refused_containers(env: Env) -> None:
     sb = _sandbox_config(env, "mixed-pod")
     pod = env.rt.RunPodSandbox(cri.RunPodSandboxRequest(config=sb, runtime_handler="vgpu")).pod_sandbox_id
     try:
-        # No token: untouched.
+        # No token: untouched, and the sh filter never even started Python (nor for the sandbox).
+        before = env.calls.read_text() if env.calls.exists() else ""
         cid = _run(env, pod, sb, "plain", "test -e /run/vgpu && echo has-vgpu || echo no-vgpu", None, None).container_id
         env.rt.StartContainer(cri.StartContainerRequest(container_id=cid))
         st = _wait_exit(env, cid)
         assert st.exit_code == 0 and _log_lines(st.log_path) == ["no-vgpu"]
         assert not (env.state / "containers" / cid).exists()
         assert not (env.state / "containers").exists() or not any((env.state / "containers").iterdir())
+        assert (env.calls.read_text() if env.calls.exists() else "") == before
         env.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid))
         # A token without a record: the container must not start, with the hook's reason.
         bogus = uuid.uuid4().hex

@@ -146,3 +146,29 @@ def test_packaged_snippets_match_the_installer() -> None:
         "io.containerd.runc.v2"
     )
     assert "handler: vgpu" in (root / "k8s" / "runtimeclass.yaml").read_text()
+
+
+def test_installed_spec_never_matches_the_filter_patterns(tmp_path: Path, spec_src: Path) -> None:
+    """The filter greps config.json, which contains the filter itself: its own text must not match."""
+    conf = tmp_path / "config.toml"
+    conf.write_text(V1_CONFIG)
+    common = ["--containerd-config", str(conf), "--base-spec-source", str(spec_src), "--containerd-version", "1"]
+    assert _run(tmp_path, "install", *common) == 0
+    spec = json.loads((tmp_path / "vgpu-base-spec.json").read_text())
+    script = spec["hooks"]["prestart"][-1]["args"][2]
+    assert not set("&<>") & set(script), "Go's encoder (containerd) would write these as \\u00XX"
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    state = json.dumps({"id": "x", "bundle": str(bundle)}, separators=(",", ":")).encode()  # as runc writes it
+
+    def filtered(config_json: str) -> bool:
+        (bundle / "config.json").write_text(config_json)
+        r = subprocess.run(["/bin/sh", "-c", script, "vgpu-hook", "prestart", "/bin/echo", "PYTHON"], input=state,
+                           capture_output=True)  # fmt: skip
+        return r.returncode == 0 and r.stdout == b""
+
+    assert filtered(json.dumps(spec))  # the spec with our own hooks in it: no token
+    assert filtered('{"process":{"args":["sh","-c","a \\u0026\\u0026 b \\u003e c"]}}')  # Go's escapes of &, >
+    assert not filtered(json.dumps({**spec, "process": {"env": ["VGPU_ALLOCATION_TOKEN=x"]}}))
+    assert not filtered(json.dumps({**spec, "annotations": {"vgpu.k8s.io/allocation-token": "x"}}))
+    assert not filtered('{"process":{"env":["\\u0056GPU_ALLOCATION_TOKEN=x"]}}')  # an escaped letter

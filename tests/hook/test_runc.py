@@ -156,3 +156,18 @@ def test_refused_containers(any_node: Node, case: str) -> None:
     assert expect in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert node.containers() == []
+
+
+def test_shell_filter_never_starts_python_for_plain_containers(node: Node) -> None:
+    python, calls = support.recording_python(node.base)
+    hooks = support.hooks(node.state, node.lib, node.logs, shell=True, python=python)
+    plain = support.make_bundle(node.base / "plain", ["true"], hook=hooks)
+    for i in range(3):
+        assert node.run(plain, f"flt-plain{i}").returncode == 0
+    assert not calls.exists(), calls.read_text()
+    token = support.write_record(node.state)
+    vgpu = support.make_bundle(node.base / "vgpu", ["true"], hook=hooks, env=[f"VGPU_ALLOCATION_TOKEN={token}"])
+    r = node.run(vgpu, "flt-vgpu")
+    assert r.returncode == 0, r.stderr
+    assert calls.read_text().split() == ["prestart", "poststop"]
+    assert node.containers() == []
