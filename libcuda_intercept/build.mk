@@ -1,7 +1,7 @@
 # libcuda_intercept: build/libvgpu.so, its ASan+UBSan twin, and the C test programs.
 VGPU_SRCS := $(wildcard libcuda_intercept/src/*.c)
 VGPU_HDRS := $(wildcard libcuda_intercept/src/*.h) libcuda_intercept/include/vgpu_region.h
-VGPU_LDFLAGS := -shared -Wl,-Bsymbolic -Wl,--no-undefined -Wl,-z,now -ldl -lpthread
+VGPU_LDFLAGS := -shared -Wl,-Bsymbolic -Wl,--no-undefined -Wl,-z,now -Wl,--no-as-needed -l:libdl.so.2 -lpthread
 VGPU_ASAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 # weak references alone would let the linker drop DT_NEEDED libcuda.so.1
 INTERCEPT_LINK_CUDA := -L$(BUILD)/intercept/stub -Wl,--no-as-needed -lcuda

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "sysio.h"
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_fd = -1;
@@ -227,7 +228,7 @@ int vgpu_rgn_map(const char *path, int create, const struct vgpu_limits *lim, ch
         /* O_NOFOLLOW: the path is fixed (/run/vgpu/region) or comes from a test env */
         fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | (create ? O_CREAT : 0), 0666);
     } else {
-        fd = memfd_create("vgpu-region", MFD_CLOEXEC);
+        fd = vgpu_memfd("vgpu-region");
     }
     if (fd < 0) {
         snprintf(err, errlen, "cannot open: %s", strerror(errno));
@@ -239,7 +240,7 @@ int vgpu_rgn_map(const char *path, int create, const struct vgpu_limits *lim, ch
     const char *problem = NULL;
     struct stat st;
     for (;;) {
-        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (vgpu_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
             problem = "not a regular file";
             break;
         }

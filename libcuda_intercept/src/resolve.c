@@ -25,6 +25,22 @@
 #include <dlfcn.h>
 #include <string.h>
 
+/* The library is bind-mounted into containers and loaded by *their* glibc.
+ * ld.so ignores a preload it cannot load (the process would run unlimited),
+ * so it must not need symbol versions newer than the oldest glibc a CUDA image
+ * may have (2.17): bind the dl functions to their original versions, which
+ * glibc >= 2.34 still provides in libc.so.6 and older ones in libdl.so.2
+ * (linked as a dependency).  tests/intercept/test_glibc.py checks this. */
+#if defined(__x86_64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
+__asm__(".symver dlerror,dlerror@GLIBC_2.2.5");
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");
+#elif defined(__aarch64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.17");
+__asm__(".symver dlerror,dlerror@GLIBC_2.17");
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.17");
+#endif
+
 #include "log.h"
 #include "vgpu.h"
 

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sysio.h"
+
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 
 /* split a line into at most `max` fields; returns the count (max+1 if more) */
@@ -147,7 +149,7 @@ int vgpu_limits_load(const char *path, struct vgpu_limits *out, char *err, size_
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (vgpu_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         snprintf(err, errlen, "not a regular file");
         return -1;
