@@ -47,8 +47,7 @@ lint: venv
 
 # --- demo ---------------------------------------------------------------------
 demo: venv build-all
-	@echo "make demo: will run the whole node stack (device plugin, hook under runc, monitor)"
-	@echo "on the simulated GPU (or a real one); lands with the packaging/demo issue."
+	$(PY) packaging/demo/demo.py $(DEMO_ARGS)
 
 # --- packages (packaging/build-packages.sh; outputs in $(BUILD)/pkg/) ---------------
 deb: venv build-all
