@@ -90,7 +90,7 @@ static void unlock_region(void)
 
 static unsigned hwm(void)
 {
-    uint32_t h = LD(&g_r->slot_hwm);
+    uint32_t h = __atomic_load_n(&g_r->slot_hwm, __ATOMIC_SEQ_CST);
     return h > VGPU_MAX_SLOTS ? VGPU_MAX_SLOTS : h;
 }
 
@@ -370,10 +370,12 @@ int vgpu_rgn_join(char *err, size_t errlen)
     s->pid = (int32_t)getpid();
     s->host_pid = 0; /* unknown inside a container; the monitor maps it */
     s->start_time = start;
-    __atomic_store_n(&s->state, VGPU_SLOT_ACTIVE, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->state, VGPU_SLOT_ACTIVE, __ATOMIC_SEQ_CST);
     g_slot = got;
+    /* seq_cst, like the charges: a charger that sees our first charge also
+     * sees the slot as active and below the high-water mark */
     if ((unsigned)got >= hwm())
-        ST(&g_r->slot_hwm, (uint32_t)got + 1);
+        __atomic_store_n(&g_r->slot_hwm, (uint32_t)got + 1, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
     unlock_region();
     VLOG(VGPU_LOG_DEBUG, "joined region slot %d", got);
@@ -391,7 +393,7 @@ static uint64_t usage_of(unsigned dev)
     uint64_t sum = 0;
     for (unsigned i = 0; i < h; i++) {
         const struct vgpu_slot *s = &g_r->slots[i];
-        if (LD(&s->state) == VGPU_SLOT_ACTIVE)
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == VGPU_SLOT_ACTIVE)
             sum = vgpu_sat_add(sum, slot_dev_total(s, dev));
     }
     return sum;
