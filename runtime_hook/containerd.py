@@ -59,15 +59,18 @@ def hook_command(python: str, kind: str, global_args: list[str]) -> list[str]:
 # Go's encoder escapes only <>& and control characters); everything else - tokens, odd input,
 # grep errors - goes to Python with the state re-fed on stdin.  A no-token
 # container then costs one sh and one grep (~2 ms) instead of an interpreter.
+# poststop removes a vGPU container's state dir itself (`rm -rf`, the id
+# checked against the container-id charset); only a failure goes to Python,
+# which logs it.
 #
 # The script itself is part of config.json (it is in the spec's hooks), so the
 # grep patterns are assembled at run time and never appear literally in it,
 # and it contains no `&`, `<` or `>`, which Go's JSON encoder (containerd)
 # writes as \u0026, \u003c, \u003e.  test_containerd_install checks both.
 SHELL_FILTER = r"""s=; IFS= read -r s
-case $s in *vgpu.k8s.io/allocation-token*|*VGPU_ALLOCATION_TOKEN*) ;; *)
-  case $1 in
-  prestart)
+case $1 in
+prestart)
+  case $s in *vgpu.k8s.io/allocation-token*|*VGPU_ALLOCATION_TOKEN*) ;; *)
     b=${s#*\"bundle\":\"}
     if [ "$b" != "$s" ]; then
       b=${b%%\"*}
@@ -79,13 +82,17 @@ case $s in *vgpu.k8s.io/allocation-token*|*VGPU_ALLOCATION_TOKEN*) ;; *)
         fi;;
       esac
     fi;;
-  poststop)
-    i=${s#*\"id\":\"}
-    if [ "$i" != "$s" ]; then
-      i=${i%%\"*}
-      case $i in ""|.|..|*[!A-Za-z0-9_+.-]*) ;; *) if [ ! -e "$VGPU_STATE/containers/$i" ]; then exit 0; fi;; esac
-    fi;;
   esac;;
+poststop)
+  i=${s#*\"id\":\"}
+  if [ "$i" != "$s" ]; then
+    i=${i%%\"*}
+    case $i in ""|.|..|*[!A-Za-z0-9_+.-]*) ;; *)
+      d=$VGPU_STATE/containers/$i
+      if [ ! -e "$d" ]; then exit 0; fi
+      if rm -rf -- "$d"; then exit 0; fi;;
+    esac
+  fi;;
 esac
 shift
 { printf '%s\n' "$s"; exec cat; } | exec "$@"

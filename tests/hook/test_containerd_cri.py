@@ -189,7 +189,7 @@ def test_cri_vgpu_container_end_to_end(env: Env) -> None:
         env.rt.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0))
         _wait_exit(env, cid)
         _wait_gone(env.state / "containers" / cid)
-        assert env.calls.read_text().split() == ["prestart", "poststop"]  # the vGPU container only
+        assert env.calls.read_text().split() == ["prestart"]  # the vGPU container only; poststop: sh rm
         env.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid))
         # The sandbox (pause) container never gets the base spec's hooks.
         assert not (env.state / "containers" / pod).exists()

@@ -236,17 +236,31 @@ def test_hook_process_prestart(
         assert err == "", err
 
 
-@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("shell", [False, True], ids=["python", "shell-filter"])
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    data=st.one_of(st.binary(max_size=80), st.builds(lambda i: json.dumps({"id": i}).encode(), st.text(max_size=20)))
+    data=st.one_of(
+        st.binary(max_size=80),
+        st.builds(lambda i: json.dumps({"id": i}).encode(), st.text(max_size=20)),
+        st.builds(  # compact, as runc writes it: the sh filter parses these itself
+            lambda i: json.dumps({"ociVersion": "1.0.2", "id": i, "status": "stopped"}, separators=(",", ":")).encode(),
+            st.one_of(st.text(max_size=20), st.sampled_from(["victim-sibling", "..", "../victim", "a/b", ".", ""])),
+        ),
+    )
 )
-def test_hook_process_poststop(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+def test_hook_process_poststop(tmp_path_factory: pytest.TempPathFactory, shell: bool, data: bytes) -> None:
     tmp = tmp_path_factory.mktemp("fzp")
     victim = tmp / "victim"
     victim.mkdir()
-    r = _hook(tmp, "poststop", data)
+    (tmp / "state" / "containers" / "victim-sibling").mkdir(parents=True)
+    r = _hook(tmp, "poststop", data, shell)
     assert r.returncode == 0 and b"Traceback" not in r.stderr
     assert victim.exists()
+    try:
+        cid = json.loads(data).get("id")
+    except (ValueError, AttributeError):
+        cid = None
+    assert (tmp / "state" / "containers" / "victim-sibling").exists() or cid == "victim-sibling"
 
 
 def test_hook_process_token_without_record_is_refused(tmp_path: Path) -> None:
