@@ -31,11 +31,32 @@ if command -v systemctl >/dev/null 2>&1; then
 fi
 
 containerd_changed=0
+sidecar=/etc/containerd/config.toml.vgpu-hook.json
 if [ "${VGPU_CONFIGURE_CONTAINERD:-0}" = 1 ]; then
   if /usr/bin/vgpu-hook containerd install; then
     containerd_changed=1
   else
     echo "k8s-vgpu: 'vgpu-hook containerd install' failed; containerd is unchanged" >&2
+  fi
+elif [ "$upgrade" = 1 ] && [ -e "$sidecar" ]; then
+  # The hook was wired before: refresh its base spec (interpreter path, flags from the current
+  # /etc/vgpu/config.toml) with the handler and spec path recorded at install time.
+  spec=$(/opt/vgpu/bin/python -I -c 'import json, sys; print(json.load(open(sys.argv[1])).get("base_spec", ""))' "$sidecar" 2>/dev/null || true)
+  before=$(cat "$spec" 2>/dev/null | cksum)
+  if /opt/vgpu/bin/python -I - "$sidecar" <<'PY'
+import json, os, sys
+state = json.load(open(sys.argv[1]))
+args = ["vgpu-hook", "containerd", "install", "--handler", str(state.get("handler", "vgpu"))]
+if state.get("base_spec"):
+    args += ["--base-spec", str(state["base_spec"])]
+os.execv("/usr/bin/vgpu-hook", args)
+PY
+  then
+    if [ "$(cat "$spec" 2>/dev/null | cksum)" != "$before" ]; then
+      echo "k8s-vgpu: the hook's runtime spec changed; apply it with: systemctl restart containerd"
+    fi
+  else
+    echo "k8s-vgpu: refreshing the containerd wiring failed; run: vgpu-hook containerd install" >&2
   fi
 fi
 
@@ -50,11 +71,6 @@ if [ "$booted" = 1 ] && command -v systemctl >/dev/null 2>&1; then
     # shellcheck disable=SC2086
     systemctl start $units || echo "k8s-vgpu: could not start $units (see journalctl -u vgpu-monitor)" >&2
   fi
-fi
-
-if [ "$upgrade" = 1 ] && [ "$containerd_changed" = 0 ] && [ -e /etc/containerd/config.toml.vgpu-hook.json ]; then
-  echo "k8s-vgpu: upgraded.  If [common] or [hook] of /etc/vgpu/config.toml changed, re-wire the hook:"
-  echo "    vgpu-hook containerd install && systemctl restart containerd"
 fi
 
 if [ "$upgrade" = 0 ] && [ "$containerd_changed" = 0 ]; then

@@ -272,6 +272,15 @@ def test_containerd_switch_wires_and_unwires_the_hook(built: Built) -> None:
         failed = run_hook()
         assert failed.returncode != 0 and "vgpu-hook" in failed.stderr, (failed.returncode, failed.stderr)
 
+        # An upgrade re-wires the hook with the current node config (its settings are flags).
+        cfg = root / "etc/vgpu/config.toml"
+        cfg.write_text(cfg.read_text().replace("log_max_bytes = 4194304", "log_max_bytes = 1048576"))
+        up = pkgbuild.chroot(root, "dpkg", "-i", deb)
+        assert "restart containerd" in up.stdout, up.stdout
+        spec = json.loads((root / runtime["base_runtime_spec"].lstrip("/")).read_text())
+        assert "1048576" in spec["hooks"]["prestart"][-1]["args"]
+        assert len(spec["hooks"]["prestart"]) == 1  # refreshed, not added twice
+
         r = pkgbuild.chroot(root, "dpkg", "-r", "k8s-vgpu", env=switch)
         assert "restored" in r.stdout, r.stdout
         if original is None:
