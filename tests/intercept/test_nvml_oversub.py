@@ -149,3 +149,57 @@ def test_loaded_through_etc_ld_so_preload(node: Node, tmp_path) -> None:  # type
         assert p.returncode == 0, p.stderr
         assert "alloc size=67108864 rc=0" in p.stdout and "alloc size=1 rc=2" in p.stdout, p.stdout
         assert "hook name=cuMemAlloc_v2 base=cuMemAlloc ver=3020 flags=0 found=1 libvgpu=1" in p.stdout
+
+
+_RUN = r"""
+set -e
+mount -t tmpfs vgpu-run /run
+mkdir -p /run/vgpu
+printf 'vgpu-limits 1\n%s %s 50 0\n' "$1" "$2" > /run/vgpu/limits
+chmod 444 /run/vgpu/limits
+: > /run/vgpu/region
+shift 2
+exec "$@"
+"""
+
+
+@pytest.mark.root
+def test_mounted_limits_file_beats_the_environment(node: Node, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With /run/vgpu/limits present, VGPU_LIMITS_FILE/VGPU_REGION_FILE are ignored
+    (in a private mount namespace with its own /run)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare")
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "mount", "-t", "tmpfs", "probe", "/run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount in a private mount namespace here: {probe.stderr.strip()}")
+    node.limit(GiB)  # what the environment asks for
+    argv = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _RUN,
+        "sh",
+        UUID0,
+        str(16 * MiB),
+        str(BUILD / "intercept" / "cutest"),
+        "gpa",
+        "init",
+        "info",
+        "alloc",
+        16 * MiB,
+        "alloc",
+        1,
+    ]
+    p = subprocess.run([str(a) for a in argv], env=node.env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert f"total={16 * MiB}" in p.stdout, p.stdout
+    assert "alloc size=1 rc=2" in p.stdout
+    assert not node.region.exists()  # the environment's region was not used either
