@@ -40,11 +40,11 @@ class InvalidName(ValueError):
 
 def valid_token(token: str) -> bool:
     """A token is exactly 128 bits as 32 lowercase hex digits."""
-    return bool(_TOKEN_RE.match(token))
+    return bool(_TOKEN_RE.fullmatch(token))
 
 
 def valid_container_id(cid: str) -> bool:
-    return bool(_CONTAINER_ID_RE.match(cid)) and cid not in (".", "..")
+    return bool(_CONTAINER_ID_RE.fullmatch(cid)) and cid not in (".", "..")
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,13 @@ def test_limits_render_parse() -> None:
 
 def test_paths_reject_traversal() -> None:
     p = paths.Paths("/var/lib/vgpu")
-    for bad in ["..", "a/b", "", "x" * 200, "../etc"]:
+    for bad in ["..", "a/b", "", "x" * 200, "../etc", "abc\n"]:
         with pytest.raises(paths.InvalidName):
             p.container_dir(bad)
     with pytest.raises(paths.InvalidName):
         p.allocation_record("../../etc/passwd")
+    with pytest.raises(paths.InvalidName):
+        p.allocation_record("0123456789abcdef0123456789abcdef\n")
     assert p.container_dir("abc123") == "/var/lib/vgpu/containers/abc123"
 
 
