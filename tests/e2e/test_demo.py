@@ -39,20 +39,37 @@ pytestmark = [
 ]
 
 
-def test_node_stack_end_to_end(build_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "real",
+    [
+        pytest.param(False, id="simulated"),
+        pytest.param(
+            True,
+            id="real-gpu",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not scenario.real_gpu_present(), reason="no NVIDIA GPU with its driver"),
+            ],
+        ),
+    ],
+)
+def test_node_stack_end_to_end(build_dir: Path, tmp_path: Path, real: bool) -> None:
     lines: list[str] = []
-    with scenario.Demo(build_dir, real_gpu=False, workdir=tmp_path / "demo", log=lines.append) as demo:
-        # 1. one simulated GPU
+    with scenario.Demo(build_dir, real_gpu=real, workdir=tmp_path / "demo", log=lines.append) as demo:
+        # 1. one GPU (simulated: 10 GiB)
         gpu = demo.start_gpu()
-        assert gpu["simulated"] and gpu["memory"] == 10 * GiB
+        assert gpu["simulated"] is not real
+        if not real:
+            assert gpu["memory"] == 10 * GiB
+        vgpu = gpu["memory"] // scenario.SPLIT
 
         # 2. the device plugin offers 10 vGPUs of it; the kubelet admits 3 + 7
         ids = demo.start_plugin()
         assert len(ids) == scenario.SPLIT and all(i.startswith(gpu["uuid"] + "::") for i in ids)
         pods = {p.name: p for p in demo.admit()}
         a, b = pods["pod-a"], pods["pod-b"]
-        assert (a.memory_limit, a.core_percent) == (3 * GiB, 30)
-        assert (b.memory_limit, b.core_percent) == (7 * GiB, 70)
+        assert (a.memory_limit, a.core_percent) == (3 * vgpu, 30)
+        assert (b.memory_limit, b.core_percent) == (7 * vgpu, 70)
         assert a.token != b.token and len(a.token) == 32
 
         # 3. runc + the prestart hook: per-container state made from the allocation records
@@ -79,7 +96,8 @@ def test_node_stack_end_to_end(build_dir: Path, tmp_path: Path) -> None:
 
         # 4. compute: about even without the monitor, held to 30/70 with it
         demo.compute(settle_timeout=60.0, tolerance_pp=10.0)
-        assert abs(a.share_before - b.share_before) < 30, (a.share_before, b.share_before)
+        if not real:  # the simulator's ground truth (a real GPU is measured through the monitor)
+            assert abs(a.share_before - b.share_before) < 30, (a.share_before, b.share_before)
         assert abs(a.share_after - 30) <= 10 and abs(b.share_after - 70) <= 10, (a.share_after, b.share_after)
 
         # the metrics endpoint, scraped over HTTP, labels the containers by pod

@@ -310,7 +310,7 @@ sleep 600
             raise StepFailed("runc and /bin/busybox are needed (apt-get install runc busybox-static)")
         self.runc_root.mkdir(parents=True, exist_ok=True)
         hooks = self._hooks()
-        extra = [str(self.build / "fakegpu")]
+        extra = [str(self.build / "fakegpu")] + (_driver_lib_dirs() if self.real else [])
         mounts, links = ctr.host_mounts(extra)
         gpu_files: list[dict[str, Any]] = []
         devices: list[dict[str, Any]] = []
@@ -418,8 +418,18 @@ sleep 600
         return out
 
     def _measure(self, seconds: float) -> dict[str, float]:
+        """SM use per pod over `seconds`: the simulator's executed kernel time, or (real GPU) the
+        mean of the monitor's own measurement, scraped once a second; {} when neither exists."""
         if self.gpu is None:
-            return {}
+            if not self.metrics_port:
+                return {}
+            samples: list[dict[str, float]] = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                time.sleep(1.0)
+                per_pod = self._scrape_per_pod()
+                samples.append({k: v.get("vgpu_container_sm_use_percent", 0.0) for k, v in per_pod.items()})
+            return {p.name: sum(s[p.name] for s in samples) / len(samples) for p in self.pods}
         t0, a = time.monotonic(), self._exec_ns()
         time.sleep(seconds)
         t1, b = time.monotonic(), self._exec_ns()
@@ -444,6 +454,8 @@ sleep 600
                 "[4] both containers saturate the GPU; without the monitor: "
                 + ", ".join(f"{p.name} {p.share_before:.0f} %" for p in self.pods)
             )
+        else:
+            self.log("[4] both containers saturate the GPU")
         self.monitor = self._spawn(
             [
                 *_command("vgpu-monitor", "monitor"),
@@ -474,9 +486,6 @@ sleep 600
 
         _wait(ready, 30, "vgpu-monitor to start")
         self.log(f"    vgpu-monitor started (policy contended, metrics on 127.0.0.1:{self.metrics_port})")
-        if self.gpu is None:
-            time.sleep(settle_timeout / 2)
-            return self.pods
         deadline = time.monotonic() + settle_timeout
         while True:
             shares = self._measure(2.0)
@@ -496,7 +505,7 @@ sleep 600
         )
         return self.pods
 
-    def scrape(self) -> dict[str, dict[str, float]]:
+    def _scrape_per_pod(self) -> dict[str, dict[str, float]]:
         from prometheus_client.parser import text_string_to_metric_families
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
@@ -507,6 +516,10 @@ sleep 600
                 label = s.labels.get("pod", "")
                 if label in per_pod and s.name.startswith("vgpu_container_"):
                     per_pod[label][s.name] = s.value
+        return per_pod
+
+    def scrape(self) -> dict[str, dict[str, float]]:
+        per_pod = self._scrape_per_pod()
         for pod in self.pods:
             pod.metrics = per_pod[pod.name]
             if "vgpu_container_memory_limit_bytes" not in pod.metrics:
@@ -525,7 +538,8 @@ sleep 600
         for p in self.pods:
             m = p.metrics
             used = m.get("vgpu_container_memory_used_bytes", 0.0)
-            measured = f"{p.share_after:.0f} % (was {p.share_before:.0f} %)" if self.gpu is not None else "-"
+            was = f" (was {p.share_before:.0f} %)" if self.gpu is not None else ""
+            measured = f"{p.share_after:.0f} %{was}"
             use, duty = m.get("vgpu_container_sm_use_percent", 0.0), m.get("vgpu_container_duty_ratio", 0.0)
             view = f"{use:.0f} %, duty {duty:.2f}"
             rows.append(
@@ -598,6 +612,17 @@ def _burn_running(c: ctr.Container) -> bool:
             if "fakegpu-burn" in Path(f"/proc/{k}/cmdline").read_bytes().decode(errors="replace"):
                 return True
     return False
+
+
+def _driver_lib_dirs() -> list[str]:
+    """Directories of the real driver's libcuda.so.1 and libnvidia-ml.so.1 (ldconfig's cache)."""
+    r = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30)
+    dirs = set()
+    for line in r.stdout.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        if name.split(" ")[0] in ("libcuda.so.1", "libnvidia-ml.so.1") and path:
+            dirs.add(os.path.dirname(path.strip()))
+    return sorted(dirs)
 
 
 def _nvidia_devices() -> list[dict[str, Any]]:
