@@ -50,7 +50,7 @@ class ControlParams:
     policy: str = "contended"
     gain: float = 0.5
     gain_far: float = 1.0  # used while |error| > far_pp: reach the target fast, then settle gently
-    far_pp: float = 20.0
+    far_pp: float = 10.0
     max_step: float = 0.3
     max_step_far: float = 0.6  # step limit while far from the target
     d_min: float = 0.02
@@ -88,7 +88,7 @@ def next_duty(d: float, target: float, util: float, p: ControlParams, elasticity
         return d
     far = abs(util - target) > p.far_pp
     gain = (p.gain_far if far else p.gain) / elasticity
-    step = p.max_step_far if far else p.max_step
+    step = min(0.8, (p.max_step_far if far else p.max_step) / elasticity)
     ratio = (target / max(util, 0.5)) ** gain
     ratio = min(1 + step, max(1 - step, ratio))
     return min(1.0, max(p.d_min, d * ratio))

@@ -123,6 +123,7 @@ class GpuState:
     cycle_start: float = 0.0
     cycle_len: float = 0.5
     duty: dict[str, float] = field(default_factory=dict)
+    restart: bool = False  # start a new cycle (and control step) now: a container began using the GPU
 
 
 class Monitor:
@@ -294,6 +295,8 @@ class Monitor:
             for pid, cid in pid_cid.items():
                 use[cid] = use.get(cid, 0.0) + g.window.use(pid, now)
             g.use = {cid: min(100.0, u) for cid, u in use.items()}
+            if any(g.use.get(cid, 0.0) > 0 and cid not in g.duty for cid in members):
+                g.restart = True  # a newcomer with measured use: react now, not at the end of the cycle
             for cid, keys in members.items():
                 owner = self.containers.get(cid)
                 if owner is not None:
@@ -321,13 +324,26 @@ class Monitor:
                 continue
             members[cid] = MemberInput(target=share, util=g.use.get(cid, 0.0), measured=full)
         g.duty = g.ctl.step(members)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                kv(
+                    "control",
+                    gpu=g.index,
+                    **{
+                        cid: f"use={m.util:.1f}/t={g.ctl.targets.get(cid, 0):.0f}/d={g.duty[cid]:.3f}"
+                        f"/e={g.ctl.elasticity.get(cid, 1.0):.2f}"
+                        for cid, m in members.items()
+                    },
+                )
+            )
 
     def actuate(self, now: float) -> None:
         want: dict[ProcKey, str] = {}
         for g in self.gpus.values():
             if not g.up:
                 continue
-            if now >= g.cycle_start + g.cycle_len:
+            if now >= g.cycle_start + g.cycle_len or g.restart:
+                g.restart = False
                 self._control(g, now)
                 g.cycle_start = now
                 g.cycle_len = self.duty_period * (1 + self.rng.uniform(-JITTER, JITTER))
