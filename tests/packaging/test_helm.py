@@ -164,3 +164,21 @@ def test_shipped_manifests_are_valid(path: Path) -> None:
     objects = k8svalidate.load_all(path.read_text())
     assert objects
     assert_valid(objects)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"monitor": {"policy": "fast"}},
+        {"devicePlugin": {"deviceSplitCount": 0}},
+        {"devicePlugin": {"deviceSplitCount": "4"}},
+        {"devicePlugin": {"deviceMemoryScaling": 0}},
+        {"monitor": {"port": 70000}},
+        {"resourceName": "gpu"},
+    ],
+    ids=lambda v: str(v),
+)
+def test_schema_rejects_bad_values(values: dict[str, Any]) -> None:
+    """values.schema.json: a typo in a value fails at install time, not in a crash-looping pod."""
+    with pytest.raises(helm.HelmError, match="at '/"):
+        render(values)
