@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         print("make demo: runs containers with runc: run it as root", file=sys.stderr)
         return 2
     real = a.gpu == "real" or (a.gpu == "auto" and scenario.real_gpu_present())
-    # SIGTERM ends the demo like Ctrl-C: through the clean-up below.
+    # Ctrl-C and SIGTERM end the demo through the clean-up below (SIGINT explicitly: a shell
+    # that started us in the background leaves it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t0 = time.monotonic()
     workdir = None
