@@ -28,7 +28,8 @@ from vgpu.log import kv
 log = logging.getLogger("vgpu.monitor.containers")
 
 HEADER_SIZE = 48  # magic .. generation: enough to see whether the region changed
-FULL_PARSE_INTERVAL_S = 30.0  # re-validate every slot at least this often, changed or not
+FULL_PARSE_INTERVAL_S = 30.0
+RECHECK_S = 10.0  # re-validate every slot at least this often, changed or not
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Container:
     metadata: schemas.ContainerMetadata | None = None
     limits: dict[str, vlimits.DeviceLimit] = field(default_factory=dict)  # uuid -> limit
     stamp: tuple[float, float] = (0.0, 0.0)
+    checked_at: float = 0.0
     error: str = ""
     # region cache
     region: vregion.RegionSnapshot | None = None
@@ -98,20 +100,25 @@ class Registry:
             if not vpaths.valid_container_id(name):
                 continue
             d = os.path.join(root, name)
-            try:
-                st = os.lstat(d)
-            except OSError:
-                continue
-            if not stat.S_ISDIR(st.st_mode):
-                continue
-            seen.add(name)
             c = self.containers.get(name)
             if c is None:
+                try:
+                    st = os.lstat(d)
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):  # never follow a symlink out of the state dir
+                    continue
                 c = self.containers[name] = Container(id=name, dir=d)
-            stamp = (_mtime(os.path.join(d, vpaths.METADATA_FILE)), _mtime(os.path.join(d, vpaths.LIMITS_FILE)))
-            if stamp != c.stamp:
-                self._load(c)
-                c.stamp = stamp
+            seen.add(name)
+            # metadata and limits are written once, at prestart: re-check them every
+            # RECHECK_S, or at every scan while they are incomplete
+            now = time.monotonic()
+            if c.metadata is None or not c.limits or now - c.checked_at >= RECHECK_S:
+                c.checked_at = now
+                stamp = (_mtime(os.path.join(d, vpaths.METADATA_FILE)), _mtime(os.path.join(d, vpaths.LIMITS_FILE)))
+                if stamp != c.stamp:
+                    self._load(c)
+                    c.stamp = stamp
         for name in list(self.containers):
             if name not in seen:
                 del self.containers[name]

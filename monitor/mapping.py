@@ -36,7 +36,7 @@ class Mapper:
         self.clock = clock
         self.cache: dict[ProcKey, str] = {}
         self.keys: dict[int, tuple[ProcKey, float]] = {}
-        self.key_ttl_s = 1.0
+        self.key_ttl_s = 5.0
         self.misses: dict[ProcKey, float] = {}
 
     def key(self, pid: int) -> ProcKey | None:
