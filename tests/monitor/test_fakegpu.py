@@ -242,3 +242,16 @@ def test_corrupt_region_gpu_loss_and_cleanup(node, procs: Procs) -> None:
     assert wait_for(lambda: not (st / "containers" / "victim").exists(), 15)
     time.sleep(1.5)
     assert (st / "containers" / "bystander" / "metadata.json").exists()
+
+
+def test_sigterm_resumes_everything_before_exit(node) -> None:
+    fakegpu, st, start_monitor, spawn = node
+    mon = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "3000")
+    a = spawn("small", 5, burn(fakegpu))
+    spawn("big", 95, burn(fakegpu))
+    assert wait_for(lambda: state(a.pid) == "T", 15)
+    assert mon.stop() == 0
+    assert state(a.pid) != "T"
+    assert ledger.read(str(st / "monitor" / "ledger")) == set()
+    status = mon.status()
+    assert status is not None and status["running"] is False
