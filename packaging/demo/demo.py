@@ -55,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
             demo.isolation()
             demo.compute()
             demo.scrape()
+            status = demo.ctl_status()
             print()
             print(demo.report())
             print()
+            print("$ vgpuctl status")
+            print(status)
             print("cleaning up: containers (poststop hook), monitor (resumes everything), plugin, kubelet, GPU")
     except scenario.StepFailed as e:
         print(f"make demo: FAILED: {e}", file=sys.stderr)

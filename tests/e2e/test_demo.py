@@ -110,6 +110,10 @@ def test_node_stack_end_to_end(build_dir: Path, tmp_path: Path, real: bool) -> N
             assert 0 < m["vgpu_container_duty_ratio"] <= 1
         assert a.metrics["vgpu_container_duty_ratio"] < b.metrics["vgpu_container_duty_ratio"]
 
+        # vgpuctl status reads the monitor's status file
+        status = demo.ctl_status()
+        assert "default/pod-a" in status and "default/pod-b" in status and "running" in status.splitlines()[0]
+
         # 5. the report names both containers
         table = demo.report()
         assert "default/pod-a/main" in table and "default/pod-b/main" in table

@@ -320,7 +320,7 @@ sleep 600
         else:
             devices = _nvidia_devices()
         for pod in self.pods:
-            cid = f"vgpu-demo-{pod.name}-{os.getpid()}"
+            cid = f"{pod.name}-{os.getpid()}"  # runc root and state dir are the demo's own
             env = {
                 TOKEN_ENV: pod.token,
                 "NVIDIA_VISIBLE_DEVICES": pod.uuid,
@@ -529,6 +529,20 @@ sleep 600
             f"{sum(len(v) for v in per_pod.values())} series for the two pods"
         )
         return per_pod
+
+    def ctl_status(self) -> str:
+        """`vgpuctl status` on this node: the monitor's status file as a table."""
+        r = subprocess.run(
+            [*_command("vgpuctl", "vgpu.ctl"), "status", "--state-dir", str(self.state_dir)],
+            env=self._daemon_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=ROOT,
+        )
+        if r.returncode != 0:
+            raise StepFailed(f"vgpuctl status exited {r.returncode}: {r.stderr.strip()}")
+        return r.stdout
 
     # ---- 5. report ------------------------------------------------------------------------------
 
