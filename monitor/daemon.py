@@ -45,6 +45,59 @@ EXTRA_WRITE_THRESHOLD = 1 << 20
 NVML_HANG_S = 2.0
 
 
+def write_status_file(path: str, snap: dict[str, Any], errors: Counter[str]) -> None:
+    import msgspec
+
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, msgspec.json.encode(snap))
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except OSError as e:
+        errors["status"] += 1
+        log.warning(kv("cannot write status", path=path, error=e))
+
+
+class StatusWriter:
+    """Writes the newest submitted snapshot to the status file, on a thread of its own."""
+
+    def __init__(self, path: str, errors: Counter[str]) -> None:
+        self.path = path
+        self.errors = errors
+        self._pending: dict[str, Any] | None = None
+        self._cv = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, snap: dict[str, Any]) -> None:
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="status", daemon=True)
+                self._thread.start()
+            self._pending = snap
+            self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None and not self._closing:
+                    self._cv.wait()
+                if self._closing or self._pending is None:
+                    return
+                snap, self._pending = self._pending, None
+            write_status_file(self.path, snap, self.errors)
+
+
 class NvmlWorker:
     """Runs `source.observe()` on a thread of its own, one call at a time.
 
@@ -164,6 +217,7 @@ class Monitor:
         self._next = {"observe": 0.0, "scan": 0.0, "region": 0.0, "status": 0.0, "gc": 0.0}
         self.stopping = threading.Event()
         self.worker = NvmlWorker(self.source)
+        self.status_writer = StatusWriter(paths.status_path, self.errors)
         self.nvml_hung = False
 
     # -- lifecycle ---------------------------------------------------------
@@ -517,19 +571,14 @@ class Monitor:
         }
 
     def write_status(self, now: float, running: bool = True) -> None:
-        import msgspec
+        """Rebuild the snapshot (metrics read it) and hand it to the status writer.
 
+        The file is written on another thread: a filesystem that stalls (journal
+        contention, a slow disk) must never delay a resume in the main loop."""
         snap = self.build_snapshot(now, running)
         self.snapshot = snap
-        path = self.paths.status_path
-        tmp = f"{path}.tmp.{os.getpid()}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, msgspec.json.encode(snap))
-            finally:
-                os.close(fd)
-            os.rename(tmp, path)
-        except OSError as e:
-            self.errors["status"] += 1
-            log.warning(kv("cannot write status", path=path, error=e))
+        if running:
+            self.status_writer.submit(snap)
+        else:  # final state at exit: written here, after the writer thread is done
+            self.status_writer.close()
+            write_status_file(self.paths.status_path, snap, self.errors)
