@@ -183,6 +183,86 @@ def test_systemd_units_verify(installed: Path) -> None:
     assert "Restart=always" in (installed / "usr/lib/systemd/system/vgpu-device-plugin.service").read_text()
 
 
+def test_installed_daemons_run_on_the_simulated_gpu(installed: Path, build_dir: Path) -> None:
+    """The package's own venv and interpreter run the daemons: vgpu-device-plugin registers with
+    the kubelet stand-in (unix sockets inside the root) and allocates; vgpu-monitor serves
+    /metrics and vgpuctl reads its status."""
+    from tests.fakegpu.harness import FakeGPU
+    from tests.support.kubelet import FakeKubelet
+
+    root = installed
+    shutil.copytree(build_dir / "fakegpu", root / "opt/fakegpu", symlinks=True, dirs_exist_ok=True)
+    gpu = FakeGPU(root / "tmp/fakegpu", build_dir, gpus=1, memory=8 << 30)
+    env = {
+        "LD_LIBRARY_PATH": "/opt/fakegpu",
+        "FAKEGPU_CONFIG": "/tmp/fakegpu/fakegpu.conf",
+        "FAKEGPU_STATE": "/tmp/fakegpu/fakegpu.state",
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+    proc = root / "proc"
+    subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        with FakeKubelet(root / "tmp/kubelet") as kubelet:
+            daemons.append(
+                subprocess.Popen(
+                    [
+                        "chroot",
+                        str(root),
+                        "vgpu-device-plugin",
+                        "--kubelet-dir",
+                        "/tmp/kubelet",
+                        "--device-split-count",
+                        "4",
+                    ],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+            ep = kubelet.wait_endpoint("nvidia.com/gpu", timeout=60)
+            ep.wait_devices(lambda d: len(d) == 4, timeout=30)
+            alloc = kubelet.admit("default", "pod", "main", count=1)
+            token = alloc.envs["VGPU_ALLOCATION_TOKEN"]
+            record = json.loads((root / f"var/lib/vgpu/allocations/{token}.json").read_text())
+            assert record["gpus"][0]["memory_limit"] == 2 << 30 and record["gpus"][0]["uuid"] == gpu.uuids[0]
+
+            daemons.append(
+                subprocess.Popen(
+                    ["chroot", str(root), "vgpu-monitor", "--metrics-address", "127.0.0.1", "--metrics-port", "0"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+            status_path = root / "var/lib/vgpu/monitor/status.json"
+            deadline = time.monotonic() + 60
+            port = 0
+            while not port and time.monotonic() < deadline and daemons[-1].poll() is None:
+                try:
+                    port = int(json.loads(status_path.read_text()).get("metrics_port") or 0)
+                except (OSError, ValueError):
+                    time.sleep(0.1)
+            assert port, "the packaged vgpu-monitor did not start"
+            import urllib.request
+
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            assert f'vgpu_gpu_up{{gpu="0",uuid="{gpu.uuids[0]}"}} 1.0' in text
+            st = pkgbuild.chroot(root, "vgpuctl", "status")
+            assert "vgpu-monitor: running" in st.stdout and gpu.uuids[0] in st.stdout
+    finally:
+        for d in daemons:
+            if d.poll() is None:
+                d.send_signal(signal.SIGTERM)
+                try:
+                    d.wait(20)
+                except subprocess.TimeoutExpired:
+                    d.kill()
+                    d.wait()
+        gpu.close()
+        subprocess.run(["umount", "-l", str(proc)], check=False)
+    assert [d.returncode for d in daemons] == [0, 0]
+
+
 def test_monitor_stop_path_resumes_the_ledger(installed: Path) -> None:
     """ExecStopPost's program resumes a process the ledger names (pid + start time)."""
     from monitor import ledger
