@@ -43,6 +43,7 @@ REGION_INTERVAL_S = 1.0
 STATUS_INTERVAL_S = 1.0
 EXTRA_WRITE_THRESHOLD = 1 << 20
 NVML_HANG_S = 2.0
+BACKSTOP_INTERVAL_S = 0.5
 
 
 def write_status_file(path: str, snap: dict[str, Any], errors: Counter[str]) -> None:
@@ -172,7 +173,8 @@ class GpuState:
     error: str = ""
     obs: GpuObs | None = None
     members: dict[str, dict[ProcKey, int]] = field(default_factory=dict)  # container -> key -> bytes
-    use: dict[str, float] = field(default_factory=dict)
+    pid_cid: dict[int, str] = field(default_factory=dict)
+    use: dict[str, float] = field(default_factory=dict)  # as of the last control step / snapshot
     cycle_start: float = 0.0
     cycle_len: float = 0.5
     duty: dict[str, float] = field(default_factory=dict)
@@ -214,7 +216,7 @@ class Monitor:
         self.extra_written: dict[tuple[str, int, int, int, int], int] = {}
         self.nspid_cache: dict[ProcKey, list[int]] = {}
         self.gc_interval = max(0.5, min(5.0, cfg.gc_grace_s / 2 if cfg.gc_grace_s > 0 else 0.5))
-        self._next = {"observe": 0.0, "scan": 0.0, "region": 0.0, "status": 0.0, "gc": 0.0}
+        self._next = {"observe": 0.0, "scan": 0.0, "region": 0.0, "status": 0.0, "gc": 0.0, "backstop": 0.0}
         self.stopping = threading.Event()
         self.worker = NvmlWorker(self.source)
         self.status_writer = StatusWriter(paths.status_path, self.errors)
@@ -281,7 +283,7 @@ class Monitor:
                 kv("NVML call hanging; resuming every suspended process", seconds=round(now - self.worker.since, 1))
             )
             for g in self.gpus.values():
-                g.members, g.duty = {}, {}
+                g.members, g.duty, g.pid_cid = {}, {}, {}
         try:
             self.actuate(now)
         except Exception as e:
@@ -307,6 +309,9 @@ class Monitor:
                 self.registry.read_region(c)
             nx["region"] = now + REGION_INTERVAL_S
         live: set[ProcKey] = set()
+        backstop = now >= nx["backstop"]
+        if backstop:
+            nx["backstop"] = now + BACKSTOP_INTERVAL_S
         for obs in observations:
             g = self.gpus.get(obs.uuid)
             if g is None:
@@ -324,7 +329,7 @@ class Monitor:
                     log.warning(kv("GPU unavailable; resuming its containers", gpu=obs.uuid, error=obs.error))
                     self.errors["nvml"] += 1
                 g.up, g.error = False, obs.error or "down"
-                g.members, g.use, g.duty = {}, {}, {}
+                g.members, g.use, g.duty, g.pid_cid = {}, {}, {}, {}
                 g.ctl = GpuController(self.params)
                 g.window = UtilWindow(self.cfg.window_s)
                 continue
@@ -344,17 +349,15 @@ class Monitor:
                     members.setdefault(cid, {})[k] = used
                     pid_cid[pid] = cid
             g.members = members
+            g.pid_cid = pid_cid
             g.window.retain(set(obs.procs))
-            use: dict[str, float] = {}
-            for pid, cid in pid_cid.items():
-                use[cid] = use.get(cid, 0.0) + g.window.use(pid, now)
-            g.use = {cid: min(100.0, u) for cid, u in use.items()}
-            if any(g.use.get(cid, 0.0) > 0 and cid not in g.duty for cid in members):
+            if any(cid not in g.duty and g.window.samples.get(pid) for pid, cid in pid_cid.items()):
                 g.restart = True  # a newcomer with measured use: react now, not at the end of the cycle
-            for cid, keys in members.items():
-                owner = self.containers.get(cid)
-                if owner is not None:
-                    self.backstop.check(cid, g.uuid, sum(keys.values()), owner.memory_limit(g.uuid), keys, now)
+            if backstop:
+                for cid, keys in members.items():
+                    owner = self.containers.get(cid)
+                    if owner is not None:
+                        self.backstop.check(cid, g.uuid, sum(keys.values()), owner.memory_limit(g.uuid), keys, now)
         self.mapper.forget_except(live)
         if len(self.nspid_cache) > 2 * len(live) + 64:
             self.nspid_cache = {k: v for k, v in self.nspid_cache.items() if k in live}
@@ -368,7 +371,15 @@ class Monitor:
             nx["status"] = now + STATUS_INTERVAL_S
 
     # -- control and actuation ---------------------------------------------
+    def _update_use(self, g: GpuState, now: float) -> None:
+        """Containers' use over the window (computed when needed: control steps, snapshots)."""
+        use: dict[str, float] = {}
+        for pid, cid in g.pid_cid.items():
+            use[cid] = use.get(cid, 0.0) + g.window.use(pid, now)
+        g.use = {cid: min(100.0, u) for cid, u in use.items()}
+
     def _control(self, g: GpuState, now: float) -> None:
+        self._update_use(g, now)
         members: dict[str, MemberInput] = {}
         full = g.window.full(now)
         for cid in g.members:
@@ -502,6 +513,8 @@ class Monitor:
     def build_snapshot(self, now: float, running: bool = True) -> dict[str, Any]:
         gpus = []
         for g in sorted(self.gpus.values(), key=lambda x: x.index):
+            if g.up:
+                self._update_use(g, now)
             o = g.obs
             rows = []
             for cid, keys in sorted(g.members.items()):
