@@ -46,14 +46,18 @@ lint: venv
 	$(VENV)/bin/mypy
 
 # --- demo ---------------------------------------------------------------------
-demo: venv build-all
+demo: host-deps-demo venv build-all
 	$(PY) packaging/demo/demo.py $(DEMO_ARGS)
 
 # --- packages (packaging/build-packages.sh; outputs in $(BUILD)/pkg/) ---------------
-deb: venv build-all
+deb: host-deps-deb venv build-all
 	packaging/build-packages.sh deb
-rpm: venv build-all
+rpm: host-deps-rpm venv build-all
 	packaging/build-packages.sh rpm
+# Missing Debian packages of these targets are installed (root) or named (packaging/host-deps.sh).
+host-deps-demo host-deps-deb host-deps-rpm:
+	@packaging/host-deps.sh $(@:host-deps-%=%)
+.PHONY: host-deps-demo host-deps-deb host-deps-rpm
 
 # --- benchmarks (each prints name=value lines, last line a summary) -------------
 bench-intercept: venv build-all
