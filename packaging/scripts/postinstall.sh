@@ -33,7 +33,7 @@ fi
 containerd_changed=0
 sidecar=/etc/containerd/config.toml.vgpu-hook.json
 if [ "${VGPU_CONFIGURE_CONTAINERD:-0}" = 1 ]; then
-  if /usr/bin/vgpu-hook containerd install; then
+  if vgpu-hook containerd install; then
     containerd_changed=1
   else
     echo "k8s-vgpu: 'vgpu-hook containerd install' failed; containerd is unchanged" >&2

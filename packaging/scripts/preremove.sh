@@ -21,8 +21,8 @@ if command -v systemctl >/dev/null 2>&1; then
   systemctl disable $units >/dev/null 2>&1 || true
 fi
 
-if [ -e /etc/containerd/config.toml ] && [ -x /usr/bin/vgpu-hook ]; then
-  if /usr/bin/vgpu-hook containerd uninstall; then
+if [ -e /etc/containerd/config.toml ] && command -v vgpu-hook >/dev/null 2>&1; then
+  if vgpu-hook containerd uninstall; then
     if [ "${VGPU_CONFIGURE_CONTAINERD:-0}" = 1 ] && [ -d /run/systemd/system ]; then
       systemctl restart containerd.service || echo "k8s-vgpu: restarting containerd failed" >&2
     else
