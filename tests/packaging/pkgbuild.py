@@ -98,22 +98,25 @@ def debian_root() -> Path:
             return root
         shutil.rmtree(root, ignore_errors=True)
         tmp = CACHE / (name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        r = subprocess.run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                "--include=" + ",".join(ROOTFS_PACKAGES),
-                suite,
-                str(tmp),
-                MIRROR,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        if r.returncode != 0:
-            raise RuntimeError(f"debootstrap {suite} from {MIRROR} failed:\n{r.stdout[-3000:]}")
+        for attempt in (1, 2):  # one retry: a mirror hiccup must not fail the suite
+            shutil.rmtree(tmp, ignore_errors=True)
+            r = subprocess.run(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    "--include=" + ",".join(ROOTFS_PACKAGES),
+                    suite,
+                    str(tmp),
+                    MIRROR,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            if r.returncode == 0:
+                break
+            if attempt == 2:
+                raise RuntimeError(f"debootstrap {suite} from {MIRROR} failed:\n{r.stdout[-3000:]}")
         (tmp / ".complete").touch()
         tmp.rename(root)
         return root
