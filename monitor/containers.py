@@ -40,6 +40,7 @@ class Container:
     limits: dict[str, vlimits.DeviceLimit] = field(default_factory=dict)  # uuid -> limit
     stamp: tuple[float, float] = (0.0, 0.0)
     checked_at: float = 0.0
+    dir_mtime: float = 0.0
     error: str = ""
     # region cache
     region: vregion.RegionSnapshot | None = None
@@ -110,11 +111,14 @@ class Registry:
                     continue
                 c = self.containers[name] = Container(id=name, dir=d)
             seen.add(name)
-            # metadata and limits are written once, at prestart: re-check them every
-            # RECHECK_S, or at every scan while they are incomplete
+            # metadata and limits are written once, at prestart (atomically: a rename, which
+            # changes the directory's mtime): re-check them when the directory changed, while
+            # they are incomplete, and every RECHECK_S anyway
             now = time.monotonic()
-            if c.metadata is None or not c.limits or now - c.checked_at >= RECHECK_S:
+            dir_mtime = _mtime(d)
+            if c.metadata is None or not c.limits or dir_mtime != c.dir_mtime or now - c.checked_at >= RECHECK_S:
                 c.checked_at = now
+                c.dir_mtime = dir_mtime
                 stamp = (_mtime(os.path.join(d, vpaths.METADATA_FILE)), _mtime(os.path.join(d, vpaths.LIMITS_FILE)))
                 if stamp != c.stamp:
                     self._load(c)

@@ -56,7 +56,7 @@ class ControlParams:
     d_min: float = 0.02
     deadband_pp: float = 0.5
     elasticity_min: float = 0.4
-    elasticity_max: float = 1.5
+    elasticity_max: float = 1.0  # use = a*d + drain (drain >= 0): never more than proportional
 
 
 def demanding(m: MemberInput, n_active: int) -> bool:

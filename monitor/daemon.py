@@ -379,6 +379,10 @@ class Monitor:
         g.use = {cid: min(100.0, u) for cid, u in use.items()}
 
     def _control(self, g: GpuState, now: float) -> None:
+        if g.window.stale(now) and g.duty:
+            # no fresh samples (NVML slow or stalled): hold the duties rather than act on old data
+            self.errors["stale_samples"] += 1
+            return
         self._update_use(g, now)
         members: dict[str, MemberInput] = {}
         full = g.window.full(now)

@@ -86,6 +86,10 @@ class UtilWindow:
         span = max(self.typical_gap(), min(self.window_us, end - self.first_ts.get(pid, lo)))
         return sum(v for _, v in q) / span
 
+    def stale(self, now: float) -> bool:
+        """True when NVML has returned nothing new for more than two sample periods."""
+        return self.newest > 0 and (now - self.newest_at) * 1e6 > 2 * self.typical_gap()
+
     def full(self, now: float) -> bool:
         """True once the window has been observed for its whole length."""
         return self.started_at is not None and now - self.started_at >= self.window_us / 1e6

@@ -50,7 +50,7 @@ def cpu_ticks(pid: int) -> int:
 
 def run_case(gpu: FakeGPU, root: Path, shares: list[int], seconds: float, policy: str = "strict") -> dict:
     uuid = gpu.uuids[0]
-    state = root / f"state-{policy}-{'-'.join(map(str, shares))}"
+    state = Path(tempfile.mkdtemp(prefix=f"state-{policy}-{'-'.join(map(str, shares))}-", dir=root))
     mon = MonitorProc(state, gpu.env, "--policy", policy)
     workers: list[Gated] = []
     try:
@@ -108,7 +108,7 @@ def run_case(gpu: FakeGPU, root: Path, shares: list[int], seconds: float, policy
     errs: list[float] = []
     total_exec = 0.0
     total_wall = 0.0
-    j0 = next(i for i, s in enumerate(samples) if s[0] >= start)
+    j0 = next((i for i, s in enumerate(samples) if s[0] >= start), len(samples))
     for i in range(j0, len(samples) - per, per):
         sh = shares_over(i, i + per)
         if sh is None:
@@ -116,6 +116,11 @@ def run_case(gpu: FakeGPU, root: Path, shares: list[int], seconds: float, policy
         errs.extend(abs(sh[p] - targets[p]) for p in targets)
         total_exec += sum(sh.values()) / 100.0 * (samples[i + per][0] - samples[i][0])
         total_wall += samples[i + per][0] - samples[i][0]
+    if os.environ.get("BENCH_TRACE"):
+        for i in range(0, len(samples) - per, per):
+            sh = shares_over(i, i + per)
+            if sh:
+                print(f"#   t={samples[i + per][0] - join:+6.2f}", [round(sh[p], 1) for p in targets], file=sys.stderr)
     longest = max((c.get("longest_stop_s", 0.0) for c in status.get("containers", [])), default=0.0)
     return {
         "errors": errs,
@@ -134,7 +139,7 @@ def baseline(gpu: FakeGPU, root: Path, n: int, seconds: float) -> float:
 
 def cpu_at(gpu: FakeGPU, root: Path, n: int, seconds: float) -> float:
     uuid = gpu.uuids[0]
-    state = root / f"state-cpu-{n}"
+    state = Path(tempfile.mkdtemp(prefix=f"state-cpu-{n}-", dir=root))
     mon = MonitorProc(state, gpu.env, "--policy", "strict")
     workers: list[Gated] = []
     try:

@@ -161,3 +161,16 @@ def test_region_cannot_claim_a_process_outside_its_pid_namespace(tmp_path: Path,
     assert Mapper().resolve(vk, containers) is None
     # ...while the container's own init is still its own
     assert Mapper().resolve(key(init_pid), containers) == "evil"
+
+
+def test_registry_sees_rewritten_metadata(tmp_path: Path, procs: Procs) -> None:
+    a = procs.spawn(["sleep", "60"])
+    b = procs.spawn(["sleep", "60"])
+    state = tmp_path / "state"
+    make_container(state, "reused", a.pid, [GPU])
+    reg = Registry(Paths(str(state)))
+    c = reg.scan()["reused"]
+    assert c.metadata is not None and c.metadata.init_pid == a.pid
+    make_container(state, "reused", b.pid, [GPU])  # same id, new container (written by rename)
+    c = reg.scan()["reused"]
+    assert c.metadata is not None and c.metadata.init_pid == b.pid
