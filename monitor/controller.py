@@ -84,6 +84,8 @@ def effective_targets(members: dict[str, MemberInput], policy: str) -> dict[str,
 def next_duty(d: float, target: float, util: float, p: ControlParams, elasticity: float = 1.0) -> float:
     if target >= 100.0:
         return 1.0 if d >= 1.0 - 1e-9 else min(1.0, d * (1 + p.max_step))
+    if util < ACTIVE_PCT:
+        return 1.0  # idle: nothing to hold back, and stopping it would only stall its CPU side
     if abs(util - target) <= p.deadband_pp:
         return d
     far = abs(util - target) > p.far_pp

@@ -44,6 +44,7 @@ STATUS_INTERVAL_S = 1.0
 EXTRA_WRITE_THRESHOLD = 1 << 20
 NVML_HANG_S = 2.0
 BACKSTOP_INTERVAL_S = 0.5
+STALE_HOLD_S = 1.0
 
 
 def write_status_file(path: str, snap: dict[str, Any], errors: Counter[str]) -> None:
@@ -178,6 +179,7 @@ class GpuState:
     cycle_start: float = 0.0
     cycle_len: float = 0.5
     duty: dict[str, float] = field(default_factory=dict)
+    stale_since: float | None = None
     restart: bool = False  # start a new cycle (and control step) now: a container began using the GPU
 
 
@@ -351,8 +353,11 @@ class Monitor:
             g.members = members
             g.pid_cid = pid_cid
             g.window.retain(set(obs.procs))
-            if any(cid not in g.duty and g.window.samples.get(pid) for pid, cid in pid_cid.items()):
-                g.restart = True  # a newcomer with measured use: react now, not at the end of the cycle
+            for pid, cid in pid_cid.items():
+                if cid not in g.duty and g.window.samples.get(pid):
+                    owner = self.containers.get(cid)
+                    if owner is not None and owner.share(g.uuid) is not None:
+                        g.restart = True  # a newcomer with measured use: react now, not at the end of the cycle
             if backstop:
                 for cid, keys in members.items():
                     owner = self.containers.get(cid)
@@ -380,9 +385,16 @@ class Monitor:
 
     def _control(self, g: GpuState, now: float) -> None:
         if g.window.stale(now) and g.duty:
-            # no fresh samples (NVML slow or stalled): hold the duties rather than act on old data
-            self.errors["stale_samples"] += 1
-            return
+            # No fresh samples: NVML stalled for a moment, or the GPU went idle.  Hold the
+            # duties for a little while rather than act on old data; past that, carry on
+            # (the old use ages out and the duties of idle containers climb back to 1).
+            if g.stale_since is None:
+                g.stale_since = now
+            if now - g.stale_since < STALE_HOLD_S:
+                self.errors["stale_samples"] += 1
+                return
+        else:
+            g.stale_since = None
         self._update_use(g, now)
         members: dict[str, MemberInput] = {}
         full = g.window.full(now)

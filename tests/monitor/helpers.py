@@ -113,6 +113,7 @@ class ScriptedSource:
         self.gpus = gpus  # uuid -> {pid: used bytes}
         self.total = total
         self.down: set[str] = set()
+        self.idle: set[int] = set()  # listed with a context, but launching nothing (no samples)
         self.errors = 0
         self.calls = 0
 
@@ -128,7 +129,7 @@ class ScriptedSource:
                 out.append(GpuObs(index=i, uuid=uuid, up=False, error="GPU is lost"))
                 continue
             live = {p: b for p, b in pids.items() if state(p) not in ("-", "Z", "X")}
-            running = [p for p in live if state(p) != "T"]
+            running = [p for p in live if state(p) != "T" and p not in self.idle]
             share = 100 // max(1, len(running))
             out.append(
                 GpuObs(

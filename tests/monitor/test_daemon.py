@@ -141,3 +141,20 @@ def test_cleanup_of_gone_containers(tmp_path: Path, procs: Procs, run_monitor) -
     assert wait_for(lambda: not half.exists(), 10)
     time.sleep(1.5)
     assert (st / "containers" / "live" / "metadata.json").exists()
+
+
+def test_idle_container_is_not_kept_suspended(tmp_path: Path, procs: Procs, run_monitor) -> None:
+    a = procs.spawn(["sleep", "120"])
+    b = procs.spawn(["sleep", "120"])
+    st = tmp_path / "state"
+    make_container(st, "ctr-a", a.pid, [(U0, GIB, 10)])
+    make_container(st, "ctr-b", b.pid, [(U0, GIB, 90)])
+    src = ScriptedSource({U0: {a.pid: GIB, b.pid: GIB}})
+    run_monitor(src, policy="strict", metrics_port=0)
+    assert wait_for(lambda: state(a.pid) == "T", 10)
+    src.idle = {a.pid, b.pid}  # the GPU goes quiet: no samples at all
+    time.sleep(3.0)
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        assert state(a.pid) != "T"
+        time.sleep(0.01)
