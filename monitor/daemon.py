@@ -9,6 +9,7 @@ a fast polling loop.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import random
@@ -63,6 +64,15 @@ def write_status_file(path: str, snap: dict[str, Any], errors: Counter[str]) -> 
         log.warning(kv("cannot write status", path=path, error=e))
 
 
+def name_thread(name: str) -> None:
+    """Name the calling OS thread (visible in top -H, /proc/<pid>/task/<tid>/comm)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 class StatusWriter:
     """Writes the newest submitted snapshot to the status file, on a thread of its own."""
 
@@ -90,6 +100,7 @@ class StatusWriter:
             self._thread.join(5)
 
     def _loop(self) -> None:
+        name_thread("vgpu-status")
         while True:
             with self._cv:
                 while self._pending is None and not self._closing:
@@ -149,6 +160,7 @@ class NvmlWorker:
         self._req.set()
 
     def _loop(self) -> None:
+        name_thread("vgpu-nvml")
         while True:
             self._req.wait()
             self._req.clear()

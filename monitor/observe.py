@@ -31,6 +31,7 @@ log = logging.getLogger("vgpu.monitor.observe")
 
 UTIL_BUFFER = 1024
 DEVICE_INFO_INTERVAL_S = 1.0
+PROCESS_LIST_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -78,6 +79,7 @@ class NvmlSource:
         self.handles: list[tuple[int, str, str, Any]] = []  # index, uuid, name, handle
         self.last_seen: dict[str, int] = {}
         self.device_read_at: dict[str, float] = {}
+        self.proc_cache: dict[str, tuple[float, dict[int, int]]] = {}
         self.known: dict[str, GpuObs] = {}  # last good view per uuid (for reporting while down)
         self.reinits = 0
         self.errors = 0
@@ -210,10 +212,21 @@ class NvmlSource:
             self.device_read_at[obs.uuid] = now
         else:
             obs.memory_total, obs.memory_used, obs.util = prev.memory_total, prev.memory_used, prev.util
-        for pid, used in self._processes(h):
-            if 0 < pid < 1 << 22:
-                obs.procs[pid] = obs.procs.get(pid, 0) + (used if used < 1 << 63 else 0)
-        obs.samples = self._util_samples(h, obs)
+        # The process list changes only when processes come and go: refresh it every
+        # PROCESS_LIST_INTERVAL_S, or at once when a sample names a pid it lacks.
+        raw = self._raw_samples(h, obs.uuid)
+        cached = self.proc_cache.get(obs.uuid)
+        if cached is None or now - cached[0] >= PROCESS_LIST_INTERVAL_S or any(s.pid not in cached[1] for s in raw):
+            procs: dict[int, int] = {}
+            for pid, used in self._processes(h):
+                if 0 < pid < 1 << 22:
+                    procs[pid] = procs.get(pid, 0) + (used if used < 1 << 63 else 0)
+            cached = self.proc_cache[obs.uuid] = (now, procs)
+        obs.procs = dict(cached[1])
+        # keep a sample only if its pid has a context (garbage rows were seen in the field)
+        obs.samples = [s for s in raw if s.pid in obs.procs]
+        if obs.samples:
+            self.last_seen[obs.uuid] = max(self.last_seen.get(obs.uuid, 0), max(s.ts for s in obs.samples))
 
     def _processes(self, h: Any) -> list[tuple[int, int]]:
         """(pid, used bytes) of processes with a compute context: `_v3` into a reused buffer
@@ -239,9 +252,10 @@ class NvmlSource:
                 raise nv.NVMLError(ret)
             return [(int(buf[i].pid), int(buf[i].usedGpuMemory)) for i in range(min(count.value, len(buf)))]
 
-    def _util_samples(self, h: Any, obs: GpuObs) -> list[UtilSample]:
+    def _raw_samples(self, h: Any, uuid: str) -> list[UtilSample]:
+        """Samples newer than lastSeen with plausible values (the caller filters pids, advances lastSeen)."""
         nv = self.nv
-        last = self.last_seen.get(obs.uuid, 0)
+        last = self.last_seen.get(uuid, 0)
         n = len(self._util_buf) if self._util_buf is not None else UTIL_BUFFER
         while True:
             if self._util_buf is None or len(self._util_buf) < n:
@@ -260,13 +274,10 @@ class NvmlSource:
                 raise nv.NVMLError(ret)
             break
         out: list[UtilSample] = []
-        newest = last
         for i in range(min(count.value, n)):
             s = buf[i]
             pid, ts, sm = int(s.pid), int(s.timeStamp), int(s.smUtil)
-            if pid not in obs.procs or ts <= last or not (0 <= sm <= 100) or s.memUtil > 100:
+            if pid <= 0 or ts <= last or not (0 <= sm <= 100) or s.memUtil > 100:
                 continue
             out.append(UtilSample(pid=pid, ts=ts, sm=sm))
-            newest = max(newest, ts)
-        self.last_seen[obs.uuid] = newest
         return out

@@ -48,6 +48,23 @@ def cpu_ticks(pid: int) -> int:
     return int(f[11]) + int(f[12])  # utime + stime
 
 
+def thread_ticks(pid: int) -> dict[str, int]:
+    """CPU ticks per thread name (the monitor names its NVML thread vgpu-nvml)."""
+    out: dict[str, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0) + int(f[11]) + int(f[12])
+    return out
+
+
 def run_case(gpu: FakeGPU, root: Path, shares: list[int], seconds: float, policy: str = "strict") -> dict:
     uuid = gpu.uuids[0]
     state = Path(tempfile.mkdtemp(prefix=f"state-{policy}-{'-'.join(map(str, shares))}-", dir=root))
@@ -137,7 +154,7 @@ def baseline(gpu: FakeGPU, root: Path, n: int, seconds: float) -> float:
     return r["busy"]
 
 
-def cpu_at(gpu: FakeGPU, root: Path, n: int, seconds: float) -> float:
+def cpu_at(gpu: FakeGPU, root: Path, n: int, seconds: float) -> tuple[float, float]:
     uuid = gpu.uuids[0]
     state = Path(tempfile.mkdtemp(prefix=f"state-cpu-{n}-", dir=root))
     mon = MonitorProc(state, gpu.env, "--policy", "strict")
@@ -146,7 +163,8 @@ def cpu_at(gpu: FakeGPU, root: Path, n: int, seconds: float) -> float:
         mon.wait_ready()
         for i in range(n):
             w = Gated([gpu.burn, "--kernel-us", str(KERNEL_US), "--seconds", str(int(seconds + 30))], gpu.env)
-            make_container(state, f"cpu{i}", w.pid, [(uuid, 256 << 20, max(1, 100 // n))], pod=f"cpu-{i}")
+            share = 1 if i % 2 == 0 else max(1, 200 // n - 1)  # half of them held well below an equal split
+            make_container(state, f"cpu{i}", w.pid, [(uuid, 256 << 20, share)], pod=f"cpu-{i}")
             workers.append(w)
         time.sleep(1.3)
         for w in workers:
@@ -155,9 +173,11 @@ def cpu_at(gpu: FakeGPU, root: Path, n: int, seconds: float) -> float:
         guardian = mon.guardian_pid()
         pids = [mon.pid] + ([guardian] if guardian else [])
         c0 = sum(cpu_ticks(p) for p in pids)
+        n0 = thread_ticks(mon.pid).get("vgpu-nvml", 0)
         t0 = time.monotonic()
         time.sleep(seconds)
         c1 = sum(cpu_ticks(p) for p in pids)
+        n1 = thread_ticks(mon.pid).get("vgpu-nvml", 0)
         wall = time.monotonic() - t0
         st = mon.status() or {}
         mapped = sum(len(g["containers"]) for g in st.get("gpus", []))
@@ -167,7 +187,8 @@ def cpu_at(gpu: FakeGPU, root: Path, n: int, seconds: float) -> float:
         mon.stop()
         for w in workers:
             w.kill()
-    return 100.0 * (c1 - c0) / os.sysconf("SC_CLK_TCK") / wall
+    hz = os.sysconf("SC_CLK_TCK")
+    return 100.0 * (c1 - c0) / hz / wall, 100.0 * (n1 - n0) / hz / wall
 
 
 def main() -> int:
@@ -192,7 +213,12 @@ def main() -> int:
                 )
             base = baseline(gpu, root, 2, 8.0)
             print(f"# baseline (policy off) busy={base:.3f}", flush=True)
-            cpu = cpu_at(gpu, root, a.cpu_containers, a.cpu_seconds)
+            cpu, cpu_nvml = cpu_at(gpu, root, a.cpu_containers, a.cpu_seconds)
+            print(
+                f"# monitor CPU at {a.cpu_containers} containers: {cpu:.2f} %, of which the NVML thread "
+                f"(calls into the simulated libnvidia-ml) {cpu_nvml:.2f} %",
+                flush=True,
+            )
         finally:
             gpu.close()
     all_errs = sorted(e for r in results.values() for e in r["errors"])
