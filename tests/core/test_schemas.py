@@ -13,7 +13,9 @@ def _record() -> schemas.AllocationRecord:
         token="0123456789abcdef0123456789abcdef",
         created=1.0,
         oversubscribe=True,
-        gpus=[schemas.AllocatedGPU(uuid="GPU-aaaa-1", memory_limit=8 << 30, core_percent=50, vgpu_ids=["GPU-aaaa-1::0"])],
+        gpus=[
+            schemas.AllocatedGPU(uuid="GPU-aaaa-1", memory_limit=8 << 30, core_percent=50, vgpu_ids=["GPU-aaaa-1::0"])
+        ],
     )
 
 
