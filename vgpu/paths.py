@@ -7,8 +7,6 @@ tests and demos can run the whole stack under a temporary directory.
 from __future__ import annotations
 
 import os
-import re
-from dataclasses import dataclass
 
 DEFAULT_STATE_DIR = "/var/lib/vgpu"
 DEFAULT_CONFIG_PATH = "/etc/vgpu/config.toml"
@@ -28,10 +26,13 @@ REGION_FILE = "region"
 PRELOAD_FILE = "ld.so.preload"
 METADATA_FILE = "metadata.json"
 
-_TOKEN_RE = re.compile(r"^[0-9a-f]{32}$")
+# Plain character sets, not `re` (nor `dataclasses` below): the OCI hook
+# imports this module on every vGPU container start, and those two imports
+# cost it more than all its own work (docs/hook.md).
+_TOKEN_CHARS = frozenset("0123456789abcdef")
 # Container ids: containerd/CRI use 64 hex chars; runc accepts [\w+-.]; we
 # accept that set, bounded, and never a path separator or a dot-only name.
-_CONTAINER_ID_RE = re.compile(r"^[A-Za-z0-9_+.-]{1,128}$")
+_CONTAINER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+.-")
 
 
 class InvalidName(ValueError):
@@ -40,18 +41,51 @@ class InvalidName(ValueError):
 
 def valid_token(token: str) -> bool:
     """A token is exactly 128 bits as 32 lowercase hex digits."""
-    return bool(_TOKEN_RE.fullmatch(token))
+    if not isinstance(token, str):
+        raise TypeError(f"expected str, got {type(token).__name__}")
+    return len(token) == 32 and _TOKEN_CHARS.issuperset(token)
 
 
 def valid_container_id(cid: str) -> bool:
-    return bool(_CONTAINER_ID_RE.fullmatch(cid)) and cid not in (".", "..")
+    if not isinstance(cid, str):
+        raise TypeError(f"expected str, got {type(cid).__name__}")
+    return 1 <= len(cid) <= 128 and _CONTAINER_ID_CHARS.issuperset(cid) and cid not in (".", "..")
 
 
-@dataclass(frozen=True)
 class Paths:
-    """All host paths derived from the state directory."""
+    """All host paths derived from the state directory.
 
-    state_dir: str = DEFAULT_STATE_DIR
+    Behaves as `@dataclass(frozen=True)` with one field `state_dir` did
+    (init, repr, eq, hash, match, FrozenInstanceError), written out by hand
+    so that importing this module does not import dataclasses.
+    """
+
+    __match_args__ = ("state_dir",)
+    state_dir: str
+
+    def __init__(self, state_dir: str = DEFAULT_STATE_DIR) -> None:
+        object.__setattr__(self, "state_dir", state_dir)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__qualname__}(state_dir={self.state_dir!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return (self.state_dir,) == (other.state_dir,)  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.state_dir,))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        from dataclasses import FrozenInstanceError  # only on misuse
+
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        from dataclasses import FrozenInstanceError
+
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
 
     @property
     def allocations_dir(self) -> str:
