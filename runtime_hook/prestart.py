@@ -14,14 +14,14 @@ import os
 import stat
 import time
 
-from runtime_hook import hooklog, mounts, oci, records
+from runtime_hook import hooklog, mounts, oci, records, regionfile
 from runtime_hook.hooklog import kv
 from runtime_hook.oci import HookError
 from runtime_hook.poststop import rmtree as _rmtree
 from vgpu import paths as vpaths
-from vgpu import region
 
 # No msgspec on this path (records.py says why); vgpu.schemas remains the schema.
+# No ctypes region either: regionfile.py writes vgpu.region's bytes with struct.
 
 
 def load_record(p: vpaths.Paths, token: str) -> records.Record:
@@ -75,7 +75,7 @@ def make_state_dir(p: vpaths.Paths, cid: str, rec: records.Record, metadata: byt
     os.mkdir(cdir, 0o700)
     lim = records.limits_of(rec)
     records.write_file(os.path.join(cdir, vpaths.LIMITS_FILE), records.render_limits(lim).encode(), 0o644)
-    region.initialise(os.path.join(cdir, vpaths.REGION_FILE), lim, mode=0o666)  # type: ignore[arg-type]
+    regionfile.initialise(os.path.join(cdir, vpaths.REGION_FILE), lim, mode=0o666)
     records.write_file(os.path.join(cdir, vpaths.METADATA_FILE), metadata, 0o600)
     return cdir
 

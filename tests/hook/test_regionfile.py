@@ -1,0 +1,146 @@
+"""runtime_hook.regionfile writes exactly the bytes of vgpu.region.initialise, and the hook's imports stay lean."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime_hook import mounts, regionfile
+from runtime_hook.records import Limit
+from vgpu import paths as vpaths
+from vgpu import region
+
+ROOT = Path(__file__).resolve().parents[2]
+_CREATED = region.Region.created.offset
+
+
+def test_offsets_match_the_ctypes_mirror() -> None:
+    assert regionfile.REGION_SIZE == region.REGION_SIZE
+    assert regionfile.DEVICES_OFFSET == region.Region.devices.offset
+    assert regionfile.DEVICE_SIZE == ctypes.sizeof(region.RegionDevice)
+    assert (regionfile.MAGIC, regionfile.VERSION) == (region.MAGIC, region.VERSION)
+    assert (regionfile.MAX_DEVICES, regionfile.MAX_SLOTS) == (region.MAX_DEVICES, region.MAX_SLOTS)
+    assert (regionfile.UUID_LEN, regionfile.DEV_OVERSUBSCRIBE) == (region.UUID_LEN, region.DEV_OVERSUBSCRIBE)
+    assert regionfile._HEADER.size == region.Region.generation.offset
+    assert regionfile._DEVICE.size == region.RegionDevice.used_device.offset
+
+
+def _without_created(data: bytes) -> bytes:
+    return data[:_CREATED] + bytes(8) + data[_CREATED + 8 :]
+
+
+_limit = st.builds(
+    Limit,
+    st.text("ABCDEFabcdef0123456789-GPU", min_size=1, max_size=95),
+    st.integers(0, (1 << 64) - 1),
+    st.integers(0, 10_000),
+    st.booleans(),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_limit, max_size=regionfile.MAX_DEVICES))
+def test_same_bytes_as_vgpu_region_initialise(tmp_path_factory: pytest.TempPathFactory, lim: list[Limit]) -> None:
+    d = tmp_path_factory.mktemp("region")
+    ours, theirs = d / "ours", d / "theirs"
+    regionfile.initialise(str(ours), lim, mode=0o640)
+    region.initialise(str(theirs), lim, mode=0o640)  # type: ignore[arg-type]
+    a, b = ours.read_bytes(), theirs.read_bytes()
+    assert len(a) == len(b) == region.REGION_SIZE
+    assert _without_created(a) == _without_created(b)
+    (c_ours,) = struct.unpack_from("=Q", a, _CREATED)
+    (c_theirs,) = struct.unpack_from("=Q", b, _CREATED)
+    assert abs(c_ours - c_theirs) <= 2 and c_ours > 0
+    assert ours.stat().st_mode & 0o777 == theirs.stat().st_mode & 0o777 == 0o640
+    snap = region.parse(a)  # and the monitor's reader accepts it
+    assert [(u.uuid, u.memory_limit, u.core_percent, u.oversubscribe) for u in snap.devices] == [
+        (x.uuid, x.memory_limit, x.core_percent, x.oversubscribe) for x in lim
+    ]
+    assert snap.slots == []
+    assert not (d / "ours.tmp").exists()
+
+
+def test_rejects_what_does_not_fit(tmp_path: Path) -> None:
+    ok = Limit("GPU-1", 1, 1, False)
+    with pytest.raises(ValueError, match="too many devices"):
+        regionfile.render([ok] * 17, 0)
+    with pytest.raises(ValueError, match="uuid too long"):
+        regionfile.render([Limit("G" * 96, 1, 1, False)], 0)
+    for bad in (Limit("GPU-1", -1, 1, False), Limit("GPU-1", 1 << 64, 1, False), Limit("GPU-1", 1, 1 << 32, False)):
+        with pytest.raises(ValueError, match="out of range"):
+            regionfile.render([bad], 0)
+
+
+def test_never_follows_a_symlinked_temp_file(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    (tmp_path / "region.tmp").symlink_to(victim)
+    with pytest.raises(OSError):
+        regionfile.initialise(str(tmp_path / "region"), [Limit("GPU-1", 1, 1, False)])
+    assert victim.read_bytes() == b"keep"
+
+
+# vgpu.paths lost `re` and `dataclasses` for the hook's sake: same rules, same class behaviour.
+_TOKEN_RE = re.compile(r"^[0-9a-f]{32}$")
+_CID_RE = re.compile(r"^[A-Za-z0-9_+.-]{1,128}$")
+_near = st.text(st.sampled_from("0123456789abcdefABz_+.-/\n é\x00"), max_size=140)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_near, st.text(max_size=140), st.text("0123456789abcdef", min_size=30, max_size=34)))
+def test_paths_rules_equal_the_former_regexes(s: str) -> None:
+    assert vpaths.valid_token(s) == bool(_TOKEN_RE.fullmatch(s))
+    assert vpaths.valid_container_id(s) == (bool(_CID_RE.fullmatch(s)) and s not in (".", ".."))
+
+
+def test_paths_behaves_as_the_frozen_dataclass_it_was() -> None:
+    import copy
+    import dataclasses
+    import pickle
+
+    p = vpaths.Paths("/s")
+    assert p == vpaths.Paths(state_dir="/s") and p != vpaths.Paths("/t") and p != "/s"
+    assert hash(p) == hash(vpaths.Paths("/s"))
+    assert repr(p) == "Paths(state_dir='/s')" and vpaths.Paths().state_dir == vpaths.DEFAULT_STATE_DIR
+    assert pickle.loads(pickle.dumps(p)) == p == copy.deepcopy(p)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.state_dir = "/t"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del p.state_dir
+    match p:
+        case vpaths.Paths(sd):
+            assert sd == "/s"
+    assert p.allocation_record("0" * 32) == "/s/allocations/" + "0" * 32 + ".json"
+    with pytest.raises(vpaths.InvalidName):
+        p.container_dir("..")
+    with pytest.raises(TypeError):
+        vpaths.valid_token(b"0" * 32)  # type: ignore[arg-type]
+
+
+def test_sigkill_constant() -> None:
+    import signal
+
+    assert mounts.SIGKILL == signal.SIGKILL
+
+
+def test_hook_path_imports_stay_lean() -> None:
+    """What a vGPU prestart imports under `python -I -S`: none of the modules that used to cost it ~30 ms."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import runtime_hook.fastpath, runtime_hook.cli, runtime_hook.prestart, runtime_hook.poststop; "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, str(ROOT)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    heavy = {"re", "dataclasses", "inspect", "enum", "signal", "typing", "logging", "msgspec", "vgpu.region", "json"}
+    assert heavy.isdisjoint(out), sorted(heavy.intersection(out))
+    assert "runtime_hook.regionfile" in out
