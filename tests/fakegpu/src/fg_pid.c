@@ -10,6 +10,7 @@
 #include "fg_state.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +18,12 @@
 #include <sys/stat.h>
 
 static uint64_t g_self_ns;
+static void cache_reset(void);
 
 void fg_pid_cache_reset(void)
 {
     g_self_ns = 0;
+    cache_reset();
 }
 
 uint64_t fg_self_pidns(void)
@@ -95,47 +98,81 @@ static int innermost_pid(int pid, int *levels)
     return last;
 }
 
-/* Per-slot cache of a resolution: valid while the slot's generation is the same and the
- * resolved process still has the recorded start time. */
+/* Per-slot cache of a resolution, keyed by the process's identity (pid namespace, pid in it,
+ * start time): a slot is only asked about while its process lives (readers filter dead slots),
+ * and a live process keeps its host pid, so a hit needs no /proc access at all.  A failed
+ * resolution (the process is in no namespace visible from here) is retried at most every
+ * FG_PID_RETRY_NS instead of scanning /proc on every call. */
+#define FG_PID_RETRY_NS 1000000000ULL
 static struct {
-    uint64_t generation;
-    int pid;
+    uint64_t pidns, start_time, retry_at;
+    int32_t nspid;
+    int pid; /* 0: not found (retry after retry_at) */
 } g_cache[FG_MAX_SLOTS];
+static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int resolve(const struct fg_slot *sl)
+{
+    int found = 0;
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!isdigit((unsigned char)de->d_name[0]))
+            continue;
+        int pid = atoi(de->d_name), levels = 0;
+        if (innermost_pid(pid, &levels) != sl->pid || levels < 2)
+            continue;
+        if (ns_of(pid) != sl->pidns || fg_proc_start_time(pid) != sl->start_time)
+            continue;
+        found = pid;
+        break;
+    }
+    closedir(d);
+    return found;
+}
 
 int fg_visible_pid(struct fg_state *st, int slot)
 {
     struct fg_slot *sl = &st->slots[slot];
     uint64_t self = fg_self_pidns();
-    if (sl->pidns == self)
-        return sl->pid;
-    if (g_cache[slot].generation == sl->generation && g_cache[slot].pid > 0 &&
-        fg_proc_start_time(g_cache[slot].pid) == sl->start_time)
-        return g_cache[slot].pid;
-    int found = 0;
-    DIR *d = opendir("/proc");
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d)) != NULL) {
-            if (!isdigit((unsigned char)de->d_name[0]))
-                continue;
-            int pid = atoi(de->d_name), levels = 0;
-            if (innermost_pid(pid, &levels) != sl->pid || levels < 2)
-                continue;
-            if (ns_of(pid) != sl->pidns || fg_proc_start_time(pid) != sl->start_time)
-                continue;
-            found = pid;
-            break;
-        }
-        closedir(d);
+    uint64_t pidns = sl->pidns, start = sl->start_time, gen = sl->generation;
+    int32_t nspid = sl->pid;
+    if (pidns == self)
+        return nspid;
+    pthread_mutex_lock(&g_cache_mu);
+    int hit = g_cache[slot].pidns == pidns && g_cache[slot].nspid == nspid && g_cache[slot].start_time == start;
+    int pid = g_cache[slot].pid;
+    uint64_t retry_at = g_cache[slot].retry_at;
+    pthread_mutex_unlock(&g_cache_mu);
+    if (!hit || (pid == 0 && fg_now() >= retry_at)) {
+        pid = resolve(sl);
+        pthread_mutex_lock(&g_cache_mu);
+        g_cache[slot].pidns = pidns;
+        g_cache[slot].nspid = nspid;
+        g_cache[slot].start_time = start;
+        g_cache[slot].pid = pid;
+        g_cache[slot].retry_at = fg_now() + FG_PID_RETRY_NS;
+        pthread_mutex_unlock(&g_cache_mu);
     }
-    if (found) {
-        g_cache[slot].generation = sl->generation;
-        g_cache[slot].pid = found;
-        if (self == FG_PIDNS_INIT)
-            sl->host_pid = found;
-        return found;
+    if (pid > 0) {
+        /* Readers write this without the state lock: only into the registration they resolved
+         * (same generation) and only once (0 -> pid). */
+        int32_t zero = 0;
+        if (self == FG_PIDNS_INIT && __atomic_load_n(&sl->host_pid, __ATOMIC_RELAXED) == 0 &&
+            __atomic_load_n(&sl->generation, __ATOMIC_ACQUIRE) == gen)
+            __atomic_compare_exchange_n(&sl->host_pid, &zero, (int32_t)pid, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        return pid;
     }
     /* Not visible from here (the caller is in another container): report the host pid when a
      * host-side caller has resolved it, as the real driver does. */
-    return sl->host_pid;
+    return __atomic_load_n(&sl->host_pid, __ATOMIC_RELAXED);
+}
+
+static void cache_reset(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_cache_mu = fresh;
+    memset(g_cache, 0, sizeof(g_cache));
 }

@@ -48,8 +48,10 @@ static void add_period(struct fg_period *ring, uint64_t idx, uint64_t v)
 {
     struct fg_period *e = &ring[idx % FG_RING];
     if (e->idx != idx) {
-        e->idx = idx;
-        e->busy = 0;
+        /* idx before busy: lock-free readers re-check idx around busy (fg_period_read) */
+        __atomic_store_n(&e->idx, idx, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        __atomic_store_n(&e->busy, 0, __ATOMIC_RELAXED);
     }
     e->busy += v;
 }
@@ -173,7 +175,8 @@ void fg_sim_advance(struct fg_state *st, int dev, uint64_t now)
             }
         }
     }
-    ds->sim_time = now;
+    /* release: lock-free readers take the periods before sim_time as final (fg_sim_settled) */
+    __atomic_store_n(&ds->sim_time, now, __ATOMIC_RELEASE);
 }
 
 void fg_sim_advance_all(struct fg_state *st, uint64_t now)

@@ -68,6 +68,17 @@ void fg_unlock(void)
     pthread_mutex_unlock(&g_mu);
 }
 
+int fg_lock_try(void)
+{
+    if (pthread_mutex_trylock(&g_mu) != 0)
+        return -1;
+    if (ofd_lock(fg_g.fd, F_WRLCK, FG_LOCK_GLOBAL, 0) != 0) {
+        pthread_mutex_unlock(&g_mu);
+        return -1;
+    }
+    return 0;
+}
+
 static void nap(uint64_t ns)
 {
     struct timespec ts = {0, (long)ns};
@@ -371,4 +382,5 @@ void fg_atfork_child(void)
     fg_g.fd = -1;
     fg_g.slot = -1;
     fg_pid_cache_reset();
+    fg_live_reset();
 }

@@ -171,6 +171,8 @@ int fg_open(int quiet);
 int fg_reset(void);
 void fg_lock(void);
 void fg_unlock(void);
+/* Takes the lock if it is free at once: 0, or -1 (nothing held). */
+int fg_lock_try(void);
 /* Takes the lock within timeout_ns: 0, or -1 (nothing held) when it could not. */
 int fg_lock_timed(uint64_t timeout_ns);
 /* Readers (NVML, fakegpu-ctl dump): the live state, locked; or, when the lock cannot be had within
@@ -191,6 +193,19 @@ uint64_t fg_dev_used(const struct fg_state *st, int dev);
 uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev);
 void fg_release_slot(struct fg_state *st, int slot);
 void fg_atfork_child(void);
+
+/* fg_live.c: lock-free reads for NVML (no lock waits, no snapshot copies).  Every field a reader
+ * uses is one aligned word written by a single store, so a reader sees each value whole (a
+ * momentary answer, as from the real driver).  fg_live_mask: the slots of live processes, their
+ * liveness probed at most every FG_LIVE_SWEEP_NS (a slot found dead is left out and reaped when
+ * the lock is free).  fg_sim_settled: advances the device to now if the lock is free at once and
+ * returns the time up to which its simulation is final (periods before it are complete). */
+#define FG_LIVE_SWEEP_NS 200000000ULL
+uint64_t fg_live_mask(struct fg_state *st);
+uint64_t fg_sim_settled(struct fg_state *st, int dev);
+void fg_live_reset(void); /* atfork child */
+/* Reads period idx from its ring entry e: 1 with *busy set, 0 if e holds another period. */
+int fg_period_read(const struct fg_period *e, uint64_t idx, uint64_t *busy);
 
 /* fg_sim.c: the kernel model.  All with the lock held. */
 void fg_sim_advance(struct fg_state *st, int dev, uint64_t now);

@@ -342,13 +342,15 @@ static nvmlReturn_t memory(nvmlDevice_t d, uint64_t *total, uint64_t *reserved, 
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    int locked;
-    struct fg_state *st = fg_read_begin(&locked);
-    fg_reap_in(st);
-    *used = fg_dev_used(st, i);
+    /* lock-free (fg_live.c): a momentary answer, never a wait on another process */
+    struct fg_state *st = fg_g.st;
+    uint64_t live = fg_live_mask(st), u = 0;
+    for (int s = 0; s < FG_MAX_SLOTS; s++)
+        if (live & (1ULL << s))
+            u += fg_pdev_used(st, s, i);
+    *used = u;
     *total = st->cfg[i].memory;
     *reserved = st->cfg[i].reserved;
-    fg_read_end(locked);
     return NVML_SUCCESS;
 }
 

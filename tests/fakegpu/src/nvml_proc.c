@@ -57,12 +57,12 @@ static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    int locked;
-    struct fg_state *st = fg_read_begin(&locked);
+    /* lock-free (fg_live.c) */
+    struct fg_state *st = fg_g.st;
+    uint64_t live = fg_live_mask(st);
     *n = 0;
-    fg_reap_in(st);
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (st->slots[s].state != FG_SLOT_LIVE || st->slots[s].dev[i].contexts == 0)
+        if (!(live & (1ULL << s)) || st->slots[s].dev[i].contexts == 0)
             continue;
         int pid = fg_visible_pid(st, s);
         if (pid <= 0)
@@ -71,7 +71,6 @@ static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
         rows[*n].mem = fg_pdev_used(st, s, i);
         (*n)++;
     }
-    fg_read_end(locked);
     return NVML_SUCCESS;
 }
 
@@ -167,39 +166,45 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n,
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    int locked;
-    struct fg_state *st = fg_read_begin(&locked);
+    /* lock-free (fg_live.c): only periods the simulation has settled are reported, so a
+     * sample is never a partial period (lastSeenTimeStamp would hide its final value) */
+    struct fg_state *st = fg_g.st;
+    uint64_t live = fg_live_mask(st);
     *n = 0;
     *nlive = 0;
-    fg_reap_in(st);
-    uint64_t now = fg_now();
-    fg_sim_advance(st, i, now);
+    uint64_t settled = fg_sim_settled(st, i);
     uint64_t P = st->h.period_ns;
-    uint64_t done = now / P; /* periods < done are finished */
+    uint64_t done = settled / P; /* periods < done are finished */
+    uint64_t lo = done >= FG_RING - 1 ? done - (FG_RING - 1) : 0;
+    /* period j's sample has timeStamp ((j + 1) * P + real_minus_mono) / 1000 µs: skip those <= last */
+    int64_t last_mono = (int64_t)(last > (unsigned long long)INT64_MAX / 2000 ? INT64_MAX / 2 : (int64_t)last * 1000) -
+                        st->h.real_minus_mono;
+    if (last_mono > 0 && (uint64_t)last_mono / P >= 1 && (uint64_t)last_mono / P - 1 > lo)
+        lo = (uint64_t)last_mono / P - 1; /* still checked exactly below */
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (st->slots[s].state != FG_SLOT_LIVE)
+        if (!(live & (1ULL << s)))
             continue;
         const struct fg_pdev *p = &st->slots[s].dev[i];
         if (p->contexts)
             (*nlive)++;
         int pid = -1;
-        for (int k = 0; k < FG_RING; k++) {
-            const struct fg_period *e = &p->periods[k];
-            if (e->busy == 0 || e->idx >= done || e->idx + FG_RING <= done)
+        /* only the periods newer than last: index the ring directly (j -> j % FG_RING) */
+        for (uint64_t j = lo; j < done; j++) {
+            uint64_t busy;
+            if (!fg_period_read(&p->periods[j % FG_RING], j, &busy) || busy == 0)
                 continue;
-            int64_t ts = fg_ts_us(st, (e->idx + 1) * P);
+            int64_t ts = fg_ts_us(st, (j + 1) * P);
             if (ts <= 0 || (unsigned long long)ts <= last)
                 continue;
             if (pid < 0)
                 pid = fg_visible_pid(st, s);
             if (pid <= 0)
                 break;
-            unsigned sm = (unsigned)((e->busy * 100 + P / 2) / P);
+            unsigned sm = (unsigned)((busy * 100 + P / 2) / P);
             g_buf[*n] = (struct sample){(unsigned)pid, (uint64_t)ts, sm > 100 ? 100 : sm};
             (*n)++;
         }
     }
-    fg_read_end(locked);
     return NVML_SUCCESS;
 }
 
@@ -273,11 +278,8 @@ FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fg_utilization
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    int locked;
-    struct fg_state *st = fg_read_begin(&locked);
-    uint64_t now = fg_now();
-    fg_sim_advance(st, i, now);
-    uint64_t P = st->h.period_ns, done = now / P;
+    struct fg_state *st = fg_g.st; /* lock-free (fg_live.c) */
+    uint64_t P = st->h.period_ns, done = fg_sim_settled(st, i) / P;
     uint64_t k = st->h.util_window_ns / P;
     if (k < 1)
         k = 1;
@@ -285,11 +287,10 @@ FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fg_utilization
         k = FG_RING - 1;
     uint64_t busy = 0;
     for (uint64_t j = done - k; j < done; j++) {
-        const struct fg_period *e = &st->ds[i].periods[j % FG_RING];
-        if (e->idx == j)
-            busy += e->busy;
+        uint64_t b;
+        if (fg_period_read(&st->ds[i].periods[j % FG_RING], j, &b))
+            busy += b;
     }
-    fg_read_end(locked);
     uint64_t pct = (busy * 100 + k * P / 2) / (k * P);
     u->gpu = (unsigned)(pct > 100 ? 100 : pct);
     u->memory = 0;

@@ -1,0 +1,76 @@
+/* fakegpu: lock-free reads for NVML queries.
+ *
+ * A monitor polls NVML every 100 ms while dozens of processes launch kernels: its queries must
+ * neither wait for the state lock (nor copy the state when its holder is stopped) nor probe every
+ * slot's liveness lock on each call.  Readers use the live mapping without the lock: the fields
+ * they read are single aligned words, so each is seen whole, and results of the kernel model are
+ * read only up to the device's settled time (sim_time, stored with release after a step).  Slot
+ * liveness (the kernel-released slot lock, fg_slot_alive) is probed at most every
+ * FG_LIVE_SWEEP_NS per process; a slot registered since (new generation) counts as live.
+ */
+#include "fg_state.h"
+
+#include <pthread.h>
+
+static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_sweep_at;                 /* CLOCK_MONOTONIC ns of the last probe, 0: never */
+static uint64_t g_dead_gen[FG_MAX_SLOTS];   /* generation found dead at the last probe, 0: none */
+
+uint64_t fg_live_mask(struct fg_state *st)
+{
+    uint64_t now = fg_now(), mask = 0;
+    int dead = 0;
+    pthread_mutex_lock(&g_live_mu);
+    int sweep = g_sweep_at == 0 || now - g_sweep_at >= FG_LIVE_SWEEP_NS;
+    for (int s = 0; s < FG_MAX_SLOTS; s++) {
+        if (__atomic_load_n(&st->slots[s].state, __ATOMIC_ACQUIRE) != FG_SLOT_LIVE)
+            continue;
+        uint64_t gen = __atomic_load_n(&st->slots[s].generation, __ATOMIC_RELAXED);
+        int alive;
+        if (sweep) {
+            alive = fg_slot_alive(s);
+            g_dead_gen[s] = alive ? 0 : gen;
+        } else {
+            alive = g_dead_gen[s] == 0 || g_dead_gen[s] != gen;
+        }
+        if (alive)
+            mask |= 1ULL << s;
+        else
+            dead = 1;
+    }
+    if (sweep)
+        g_sweep_at = now;
+    pthread_mutex_unlock(&g_live_mu);
+    if (dead && fg_lock_try() == 0) {
+        /* the dead process's memory and queued work go at once, as the driver tears it down */
+        fg_reap();
+        fg_unlock();
+    }
+    return mask;
+}
+
+uint64_t fg_sim_settled(struct fg_state *st, int dev)
+{
+    if (fg_lock_try() == 0) {
+        fg_sim_advance(st, dev, fg_now());
+        fg_unlock();
+    }
+    return __atomic_load_n(&st->ds[dev].sim_time, __ATOMIC_ACQUIRE);
+}
+
+void fg_live_reset(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_live_mu = fresh;
+    g_sweep_at = 0;
+}
+
+int fg_period_read(const struct fg_period *e, uint64_t idx, uint64_t *busy)
+{
+    /* a writer sets idx, then (release fence) busy: an entry being reused changes idx under us */
+    if (__atomic_load_n(&e->idx, __ATOMIC_ACQUIRE) != idx)
+        return 0;
+    *busy = __atomic_load_n(&e->busy, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&e->idx, __ATOMIC_RELAXED) == idx;
+}
