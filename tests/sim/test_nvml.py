@@ -260,3 +260,39 @@ def test_processes_in_other_pid_namespaces_show_with_host_pids(fakegpu: FakeGPU)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == sorted([host_pid, mine.pid])
     u.kill()
+
+
+NVML_WATCH = """
+import json, sys, time, pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+def view():
+    return [sorted(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)),
+            pynvml.nvmlDeviceGetMemoryInfo(h).used]
+print(json.dumps(view()), flush=True)
+sys.stdin.readline()  # the process has been killed
+t0 = time.monotonic()
+while view()[0] and time.monotonic() - t0 < 20:
+    time.sleep(0.01)
+print(json.dumps(view() + [time.monotonic() - t0]), flush=True)
+"""
+
+
+def test_a_long_lived_nvml_caller_sees_a_killed_process_go(fakegpu: FakeGPU) -> None:
+    """NVML probes slot liveness at most every 200 ms per process (docs/fakegpu.md): a killed
+    process still leaves the process list and its memory is released, within that bound."""
+    p = fakegpu.popen([fakegpu.burn, "--alloc", "1g", "--hold", "60"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and json.loads(p.stdout.readline())["alloc_result"] == 0
+    w = fakegpu.popen(
+        [sys.executable, "-u", "-c", NVML_WATCH], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert w.stdin is not None and w.stdout is not None
+    assert json.loads(w.stdout.readline()) == [[p.pid], (1 << 30) + (300 << 20)]
+    p.kill()
+    p.wait()
+    w.stdin.write("killed\n")
+    w.stdin.flush()
+    pids, used, elapsed = json.loads(w.stdout.readline())
+    assert pids == [] and used == 0
+    assert elapsed < 5  # 200 ms sweep; generous for a loaded machine
+    assert w.wait(timeout=30) == 0
