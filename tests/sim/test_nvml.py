@@ -296,3 +296,49 @@ def test_a_long_lived_nvml_caller_sees_a_killed_process_go(fakegpu: FakeGPU) -> 
     assert pids == [] and used == 0
     assert elapsed < 5  # 200 ms sweep; generous for a loaded machine
     assert w.wait(timeout=30) == 0
+
+
+def test_samples_keep_coming_while_a_stopped_process_holds_the_lock(fakegpu: FakeGPU) -> None:
+    """The device does not stop when a process is stopped inside the simulator's lock: queued
+    kernels keep running, and NVML reports their samples without waiting for the lock."""
+    import signal
+
+    p = fakegpu.popen([fakegpu.burn, "--kernel-us", "1000", "--seconds", "60"], stdout=subprocess.PIPE, text=True)
+    w = fakegpu.popen(
+        [sys.executable, "-u", "-c", textwrap.dedent(SAMPLES) + WATCH_SAMPLES],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert w.stdin is not None and w.stdout is not None
+    assert w.stdout.readline().strip() == "ready"
+    time.sleep(0.5)  # the burn's queue is full: about a second of queued kernels
+    holder = fakegpu.popen([fakegpu.ctl_path, "hold-lock", "600"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        stopped_us = time.time_ns() // 1000
+        w.stdin.write(f"{stopped_us}\n")
+        w.stdin.flush()
+        got = json.loads(w.stdout.readline())
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+    # samples of periods after the stop, of the burn, busy (its queue drains at full speed)
+    assert got["elapsed"] < 5
+    mine = [s for s in got["samples"] if s[0] == p.pid]
+    assert len(mine) >= 2, got
+    assert all(s[1] > stopped_us for s in mine)
+    assert max(s[2] for s in mine) >= 90, got
+
+
+WATCH_SAMPLES = """
+import json, sys, time
+print("ready", flush=True)
+since = int(sys.stdin.readline())
+t0 = time.monotonic()
+time.sleep(0.45)  # a few 100 ms periods after the stop
+out = samples(since)
+print(json.dumps({"samples": out if isinstance(out, list) else [], "elapsed": time.monotonic() - t0}), flush=True)
+"""

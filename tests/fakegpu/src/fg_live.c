@@ -74,3 +74,24 @@ int fg_period_read(const struct fg_period *e, uint64_t idx, uint64_t *busy)
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     return __atomic_load_n(&e->idx, __ATOMIC_RELAXED) == idx;
 }
+
+struct fg_state *fg_sim_view(int dev, uint64_t *settled, int *snap)
+{
+    struct fg_state *st = fg_g.st;
+    uint64_t now = fg_now();
+    *snap = 0;
+    *settled = fg_sim_settled(st, dev);
+    if (*settled >= now || now - *settled <= FG_STALE_NS)
+        return st;
+    /* Nobody has advanced the device for FG_STALE_NS and the lock is held: the holder is stopped
+     * (a monitor SIGSTOPs processes) or starved.  The device does not stop for that: advance a
+     * private copy to now, as fakegpu-ctl dump does (rare: a copy of the whole state). */
+    struct fg_state *c = fg_snapshot_begin();
+    if (!c)
+        return st;
+    fg_reap_in(c);
+    fg_sim_advance(c, dev, now);
+    *settled = now;
+    *snap = 1;
+    return c;
+}

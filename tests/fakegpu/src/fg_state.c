@@ -120,20 +120,34 @@ struct fg_state *fg_read_begin(int *locked)
         *locked = 1;
         return fg_g.st;
     }
+    *locked = 0;
+    struct fg_state *snap = fg_snapshot_begin();
+    if (!snap) {
+        fg_lock(); /* no memory for a snapshot: wait after all */
+        *locked = 1;
+        return fg_g.st;
+    }
+    return snap;
+}
+
+struct fg_state *fg_snapshot_begin(void)
+{
     /* Reading without the lock may see a half-made change of the stopped holder: a snapshot is
      * good enough for a monitoring answer and never blocks.  One buffer per process, guarded. */
-    *locked = 0;
     pthread_mutex_lock(&g_snap_mu);
     if (!g_snap)
         g_snap = malloc(sizeof(*g_snap));
     if (!g_snap) {
         pthread_mutex_unlock(&g_snap_mu);
-        fg_lock(); /* no memory for a snapshot: wait after all */
-        *locked = 1;
-        return fg_g.st;
+        return NULL;
     }
     memcpy(g_snap, fg_g.st, sizeof(*g_snap));
     return g_snap;
+}
+
+void fg_snapshot_end(void)
+{
+    pthread_mutex_unlock(&g_snap_mu);
 }
 
 void fg_read_end(int locked)
@@ -141,7 +155,7 @@ void fg_read_end(int locked)
     if (locked)
         fg_unlock();
     else
-        pthread_mutex_unlock(&g_snap_mu);
+        fg_snapshot_end();
 }
 
 static void init_state(struct fg_state *st, const struct fg_config *c)

@@ -182,6 +182,9 @@ int fg_lock_timed(uint64_t timeout_ns);
 #define FG_READ_TIMEOUT_NS 20000000ULL
 struct fg_state *fg_read_begin(int *locked);
 void fg_read_end(int locked);
+/* A private copy of the state (NULL if out of memory); fg_snapshot_end releases it. */
+struct fg_state *fg_snapshot_begin(void);
+void fg_snapshot_end(void);
 /* Registers this process in a slot (holding its liveness lock).  Call with the lock held. */
 int fg_register(void);
 /* Reclaims the slots of dead processes.  Call with the lock held (or on a snapshot). */
@@ -203,6 +206,12 @@ void fg_atfork_child(void);
 #define FG_LIVE_SWEEP_NS 200000000ULL
 uint64_t fg_live_mask(struct fg_state *st);
 uint64_t fg_sim_settled(struct fg_state *st, int dev);
+/* The state to read device dev's utilisation from, *settled set: the live state, advanced if the
+ * lock is free at once; or, when the simulation has not moved for FG_STALE_NS and the lock is
+ * taken (its holder is stopped or starved), a private snapshot advanced to now (*snap = 1: call
+ * fg_snapshot_end when done). */
+#define FG_STALE_NS 20000000ULL
+struct fg_state *fg_sim_view(int dev, uint64_t *settled, int *snap);
 void fg_live_reset(void); /* atfork child */
 /* Reads period idx from its ring entry e: 1 with *busy set, 0 if e holds another period. */
 int fg_period_read(const struct fg_period *e, uint64_t idx, uint64_t *busy);

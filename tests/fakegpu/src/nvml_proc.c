@@ -168,11 +168,11 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n,
         return rc;
     /* lock-free (fg_live.c): only periods the simulation has settled are reported, so a
      * sample is never a partial period (lastSeenTimeStamp would hide its final value) */
-    struct fg_state *st = fg_g.st;
-    uint64_t live = fg_live_mask(st);
+    uint64_t live = fg_live_mask(fg_g.st), settled;
+    int snap;
+    struct fg_state *st = fg_sim_view(i, &settled, &snap);
     *n = 0;
     *nlive = 0;
-    uint64_t settled = fg_sim_settled(st, i);
     uint64_t P = st->h.period_ns;
     uint64_t done = settled / P; /* periods < done are finished */
     uint64_t lo = done >= FG_RING - 1 ? done - (FG_RING - 1) : 0;
@@ -205,6 +205,8 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n,
             (*n)++;
         }
     }
+    if (snap)
+        fg_snapshot_end();
     return NVML_SUCCESS;
 }
 
@@ -278,8 +280,10 @@ FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fg_utilization
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
-    struct fg_state *st = fg_g.st; /* lock-free (fg_live.c) */
-    uint64_t P = st->h.period_ns, done = fg_sim_settled(st, i) / P;
+    uint64_t settled; /* lock-free (fg_live.c) */
+    int snap;
+    struct fg_state *st = fg_sim_view(i, &settled, &snap);
+    uint64_t P = st->h.period_ns, done = settled / P;
     uint64_t k = st->h.util_window_ns / P;
     if (k < 1)
         k = 1;
@@ -291,6 +295,8 @@ FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fg_utilization
         if (fg_period_read(&st->ds[i].periods[j % FG_RING], j, &b))
             busy += b;
     }
+    if (snap)
+        fg_snapshot_end();
     uint64_t pct = (busy * 100 + k * P / 2) / (k * P);
     u->gpu = (unsigned)(pct > 100 ? 100 : pct);
     u->memory = 0;
