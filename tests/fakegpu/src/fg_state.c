@@ -145,6 +145,16 @@ struct fg_state *fg_snapshot_begin(void)
     return g_snap;
 }
 
+struct fg_state *fg_snapshot_last(void)
+{
+    pthread_mutex_lock(&g_snap_mu);
+    if (!g_snap) {
+        pthread_mutex_unlock(&g_snap_mu);
+        return NULL;
+    }
+    return g_snap;
+}
+
 void fg_snapshot_end(void)
 {
     pthread_mutex_unlock(&g_snap_mu);

@@ -184,6 +184,8 @@ struct fg_state *fg_read_begin(int *locked);
 void fg_read_end(int locked);
 /* A private copy of the state (NULL if out of memory); fg_snapshot_end releases it. */
 struct fg_state *fg_snapshot_begin(void);
+/* The last private copy as it is (NULL if none); fg_snapshot_end releases it. */
+struct fg_state *fg_snapshot_last(void);
 void fg_snapshot_end(void);
 /* Registers this process in a slot (holding its liveness lock).  Call with the lock held. */
 int fg_register(void);
@@ -208,9 +210,11 @@ uint64_t fg_live_mask(struct fg_state *st);
 uint64_t fg_sim_settled(struct fg_state *st, int dev);
 /* The state to read device dev's utilisation from, *settled set: the live state, advanced if the
  * lock is free at once; or, when the simulation has not moved for FG_STALE_NS and the lock is
- * taken (its holder is stopped or starved), a private snapshot advanced to now (*snap = 1: call
- * fg_snapshot_end when done). */
+ * taken (its holder is stopped or starved) while kernels are pending, a private snapshot advanced
+ * to now: copied at most once per FG_SNAP_MIN_NS, the last copy advanced further in between
+ * (*snap = 1: call fg_snapshot_end when done). */
 #define FG_STALE_NS 20000000ULL
+#define FG_SNAP_MIN_NS 250000000ULL
 struct fg_state *fg_sim_view(int dev, uint64_t *settled, int *snap);
 void fg_live_reset(void); /* atfork child */
 /* Reads period idx from its ring entry e: 1 with *busy set, 0 if e holds another period. */
