@@ -24,7 +24,6 @@ are the product; the summary line says PASS/MISS.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.kubelet import FakeKubelet  # noqa: E402
+from tests.support.procs import terminate  # noqa: E402
 from vgpu.schemas import write_atomic  # noqa: E402
 
 GPUS = 8
@@ -114,11 +114,7 @@ def main() -> int:
                 kubelet.wait_endpoint(timeout=30)
             rereg_med = statistics.median(rereg)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            terminate(proc, 15)
             log.close()
             kubelet.stop()
             node.close()  # type: ignore[attr-defined]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.procs import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "packaging" / "grafana" / "k8s-vgpu-dashboard.json"
@@ -85,12 +86,7 @@ def test_every_queried_metric_is_exported(fakegpu: Any, tmp_path: Path) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             text = r.read().decode()
     finally:
-        mon.send_signal(signal.SIGTERM)
-        try:
-            mon.wait(15)
-        except subprocess.TimeoutExpired:
-            mon.kill()
-            mon.wait()
+        terminate(mon, 15)
     exported = {f.name + s for f in text_string_to_metric_families(text) for s in SUFFIXES.get(f.type, ("",))}
     queried = {m for e in _exprs(json.loads(DASHBOARD.read_text())) for m in re.findall(r"\bvgpu_[a-z_]+", e)}
     assert queried, "the dashboard queries nothing"

@@ -26,6 +26,7 @@ import msgspec
 import pytest
 
 from tests.packaging import pkgbuild
+from tests.support.procs import terminate
 from vgpu import __version__
 
 pytestmark = [
@@ -251,13 +252,7 @@ def test_installed_daemons_run_on_the_simulated_gpu(installed: Path, build_dir: 
             assert "vgpu-monitor: running" in st.stdout and gpu.uuids[0] in st.stdout
     finally:
         for d in daemons:
-            if d.poll() is None:
-                d.send_signal(signal.SIGTERM)
-                try:
-                    d.wait(20)
-                except subprocess.TimeoutExpired:
-                    d.kill()
-                    d.wait()
+            terminate(d, 20)
         gpu.close()
         subprocess.run(["umount", "-l", str(proc)], check=False)
     assert [d.returncode for d in daemons] == [0, 0]

@@ -582,13 +582,9 @@ def _command(script: str, module: str) -> list[str]:
 
 
 def _terminate(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    from tests.support.procs import terminate
+
+    terminate(p, 15)
 
 
 def _read(path: Path) -> str:
