@@ -200,7 +200,7 @@ def metadata_json(
     return text.encode()
 
 
-def write_file(path: str, data: bytes, mode: int) -> None:
+def write_file(path: str, data: bytes | bytearray, mode: int) -> None:
     """Write via a temp file and rename (no fsync: per-container state dies with the node)."""
     tmp = f"{path}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)

@@ -18,9 +18,10 @@ a crash of the node; the rename still makes the file appear complete).
 
 from __future__ import annotations
 
-import os
 import struct
 import time
+
+from runtime_hook import records
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,14 +68,4 @@ def render(limits: Iterable[Limit], created: int) -> bytearray:
 
 def initialise(path: str, limits: Iterable[Limit], mode: int = 0o666) -> None:
     """Create the region file for `limits` as vgpu.region.initialise does (temp file + rename)."""
-    data = render(limits, int(time.time()))
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+    records.write_file(path, render(limits, int(time.time())), mode)

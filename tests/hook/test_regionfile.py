@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import struct
 import subprocess
@@ -82,7 +83,7 @@ def test_rejects_what_does_not_fit(tmp_path: Path) -> None:
 def test_never_follows_a_symlinked_temp_file(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep")
-    (tmp_path / "region.tmp").symlink_to(victim)
+    (tmp_path / f"region.tmp{os.getpid()}").symlink_to(victim)  # records.write_file's temp name
     with pytest.raises(OSError):
         regionfile.initialise(str(tmp_path / "region"), [Limit("GPU-1", 1, 1, False)])
     assert victim.read_bytes() == b"keep"
