@@ -1,0 +1,172 @@
+"""Scheduling contract between vgpu-scheduler and the device plugin (docs/design.md, "Scheduler").
+
+The device plugin publishes its node's GPUs as the Node annotation `vgpu.k8s.io/node-inventory`
+(`NodeInventory`, version 2); the scheduler records, per pod, which GPUs each container gets and
+how much of them (`Decision`, pod annotation `vgpu.k8s.io/decision`), written at filter time and
+before the Binding. The device plugin honours the decision in Allocate and reports its progress in
+`bind-phase` and `allocated`. The pods' decision annotations are the single source of truth of
+the cluster's vGPU usage: the scheduler rebuilds all of its accounting from them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+# Resources (names as HAMi users know them).
+RESOURCE_GPU = "nvidia.com/gpu"  # count of distinct physical GPUs the container spans
+RESOURCE_MEM = "nvidia.com/gpumem"  # MiB per GPU
+RESOURCE_MEM_PERCENT = "nvidia.com/gpumem-percentage"  # percent of each GPU's memory (exclusive with gpumem)
+RESOURCE_CORES = "nvidia.com/gpucores"  # percent of each GPU's compute
+VGPU_RESOURCES = (RESOURCE_GPU, RESOURCE_MEM, RESOURCE_MEM_PERCENT, RESOURCE_CORES)
+
+# Node annotation (device plugin → scheduler).
+INVENTORY_ANNOTATION = "vgpu.k8s.io/node-inventory"
+INVENTORY_VERSION = 2
+DEFAULT_HEARTBEAT_S = 30.0  # the plugin refreshes `heartbeat` this often
+DEFAULT_STALE_AFTER_S = 120.0  # the scheduler offers no GPUs of a node whose heartbeat is older
+
+# Pod annotations (scheduler ↔ device plugin).
+DECISION_ANNOTATION = "vgpu.k8s.io/decision"
+DECISION_VERSION = 1
+BIND_PHASE_ANNOTATION = "vgpu.k8s.io/bind-phase"
+BIND_TIME_ANNOTATION = "vgpu.k8s.io/bind-time"
+ALLOCATED_ANNOTATION = "vgpu.k8s.io/allocated"
+PHASE_ALLOCATING = "allocating"
+PHASE_SUCCESS = "success"
+PHASE_FAILED = "failed"
+BIND_PHASES = (PHASE_ALLOCATING, PHASE_SUCCESS, PHASE_FAILED)
+
+# User-facing pod annotations (validated by the webhook) and HAMi's spellings accepted as aliases.
+NODE_POLICY_ANNOTATION = "vgpu.k8s.io/node-scheduler-policy"
+GPU_POLICY_ANNOTATION = "vgpu.k8s.io/gpu-scheduler-policy"
+USE_GPUTYPE_ANNOTATION = "vgpu.k8s.io/use-gputype"
+NOUSE_GPUTYPE_ANNOTATION = "vgpu.k8s.io/nouse-gputype"
+USE_GPUUUID_ANNOTATION = "vgpu.k8s.io/use-gpuuuid"
+NOUSE_GPUUUID_ANNOTATION = "vgpu.k8s.io/nouse-gpuuuid"
+NUMA_BIND_ANNOTATION = "vgpu.k8s.io/numa-bind"
+ANNOTATION_ALIASES: dict[str, tuple[str, ...]] = {
+    NODE_POLICY_ANNOTATION: ("hami.io/node-scheduler-policy",),
+    GPU_POLICY_ANNOTATION: ("hami.io/gpu-scheduler-policy",),
+    USE_GPUTYPE_ANNOTATION: ("nvidia.com/use-gputype",),
+    NOUSE_GPUTYPE_ANNOTATION: ("nvidia.com/nouse-gputype",),
+    USE_GPUUUID_ANNOTATION: ("nvidia.com/use-gpuuuid",),
+    NOUSE_GPUUUID_ANNOTATION: ("nvidia.com/nouse-gpuuuid",),
+    NUMA_BIND_ANNOTATION: ("nvidia.com/numa-bind",),
+}
+POLICY_BINPACK = "binpack"
+POLICY_SPREAD = "spread"
+POLICIES = (POLICY_BINPACK, POLICY_SPREAD)
+
+Bytes = Annotated[int, msgspec.Meta(ge=0)]
+Percent = Annotated[int, msgspec.Meta(ge=0, le=10_000)]
+Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=95, pattern=r"^[A-Za-z0-9-]+$")]
+
+
+class InventoryGPU(msgspec.Struct, kw_only=True):
+    """One physical GPU of a node, as the device plugin offers it."""
+
+    uuid: Uuid
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    model: str
+    memory: Bytes  # physical
+    memory_schedulable: Bytes  # memory * memory_scaling
+    cores: Percent  # 100 * cores_scaling
+    split_count: Annotated[int, msgspec.Meta(ge=1)]  # vGPU slots (containers) this GPU takes
+    numa: int = -1  # -1: unknown
+    health: bool = True
+
+
+class NodeInventory(msgspec.Struct, kw_only=True):
+    """`vgpu.k8s.io/node-inventory` on the Node (version 2)."""
+
+    version: int = INVENTORY_VERSION
+    resource: str = RESOURCE_GPU
+    split_count: Annotated[int, msgspec.Meta(ge=1)]
+    memory_scaling: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    cores_scaling: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    heartbeat: float  # unix seconds, refreshed every inventory_heartbeat_s
+    gpus: list[InventoryGPU] = msgspec.field(default_factory=list)
+
+
+class GPUAssignment(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One GPU given to a container: its UUID, the memory limit in bytes and the compute share in percent."""
+
+    uuid: Uuid
+    memory: Bytes
+    cores: Percent
+
+
+class ContainerDecision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    init: bool = False
+    gpus: list[GPUAssignment]
+
+
+class Decision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`vgpu.k8s.io/decision` on the Pod: one entry per vGPU container, init containers first (spec order)."""
+
+    version: int = DECISION_VERSION
+    node: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    time: float
+    containers: list[ContainerDecision]
+
+
+class ContractError(ValueError):
+    """An annotation that is not a valid document of this contract."""
+
+
+_encoder = msgspec.json.Encoder()
+_inventory_decoder = msgspec.json.Decoder(NodeInventory)
+_decision_decoder = msgspec.json.Decoder(Decision)
+_allocated_decoder = msgspec.json.Decoder(list[str])
+
+
+def encode(obj: msgspec.Struct | list[str]) -> str:
+    """Compact JSON text for an annotation value."""
+    return _encoder.encode(obj).decode()
+
+
+def decode_inventory(text: str | bytes) -> NodeInventory:
+    """Parse a node-inventory annotation; ContractError when it is not a version-2 inventory."""
+    try:
+        inv = _inventory_decoder.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ContractError(f"{INVENTORY_ANNOTATION}: {e}") from None
+    if inv.version != INVENTORY_VERSION:
+        raise ContractError(f"{INVENTORY_ANNOTATION}: version {inv.version}, expected {INVENTORY_VERSION}")
+    return inv
+
+
+def decode_decision(text: str | bytes) -> Decision:
+    """Parse a decision annotation; ContractError when invalid or of another version."""
+    try:
+        d = _decision_decoder.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ContractError(f"{DECISION_ANNOTATION}: {e}") from None
+    if d.version != DECISION_VERSION:
+        raise ContractError(f"{DECISION_ANNOTATION}: version {d.version}, expected {DECISION_VERSION}")
+    return d
+
+
+def decode_allocated(text: str | bytes | None) -> list[str]:
+    """Parse the `allocated` annotation (JSON list of container names); absent means none."""
+    if text is None or text == "":
+        return []
+    try:
+        return _allocated_decoder.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ContractError(f"{ALLOCATED_ANNOTATION}: {e}") from None
+
+
+def annotation(annotations: dict[str, str] | None, key: str) -> str | None:
+    """A user-facing annotation by its name or one of its HAMi aliases (ours wins)."""
+    if not annotations:
+        return None
+    if key in annotations:
+        return annotations[key]
+    for alias in ANNOTATION_ALIASES.get(key, ()):
+        if alias in annotations:
+            return annotations[alias]
+    return None
