@@ -33,6 +33,8 @@ _FIELD_HELP: dict[str, str] = {
     "record_gc_grace_s": "seconds a record must stay unassigned before it is removed",
     "record_gc_interval_s": "seconds between PodResources queries for record cleanup",
     "node_name": "Node to annotate with the inventory (default $NODE_NAME, else the host name)",
+    "decisions": "scheduler decisions: auto (default; n x 1/K when the API is unreachable), required, off",
+    "inventory_heartbeat_s": "seconds between refreshes of the inventory annotation's heartbeat (default 30)",
 }
 
 
@@ -53,6 +55,7 @@ _TYPES: dict[str, Any] = {
     "health_recovery_s": _finite_float,
     "record_gc_grace_s": _finite_float,
     "record_gc_interval_s": _finite_float,
+    "inventory_heartbeat_s": _finite_float,
 }
 assert set(_FIELD_HELP) == {f.name for f in msgspec.structs.fields(DevicePluginConfig)}, "flags out of date"
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from device_plugin import inventory, podresources, records
+from device_plugin import decision, inventory, podresources, records
 from device_plugin.devices import DeviceTable, Slicing
 from device_plugin.health import HealthMonitor
 from device_plugin.registration import RegistrationError, register
@@ -35,7 +35,6 @@ KUBELET_SOCKET = "kubelet.sock"
 _TICK_S = 1.0
 _LIVENESS_S = 5.0
 _REGISTER_RETRY_S = 2.0
-_INVENTORY_REFRESH_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,13 @@ class Daemon:
         self.restart_event = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._inventory_dirty = threading.Event()
-        self.annotator = inventory.NodeAnnotator(self.table, cfg.resource_name, inventory.node_name(cfg.node_name))
+        node = inventory.node_name(cfg.node_name)
+        self.annotator = inventory.NodeAnnotator(self.table, cfg.resource_name, node, cfg.inventory_heartbeat_s)
+        self.decisions = (
+            decision.Decisions(self.table, node, cfg.decisions, cfg.allocation_policy)
+            if cfg.decisions != "off"
+            else None
+        )
         self.health = (
             HealthMonitor(self.table, cfg.health_recovery_s, on_change=self._inventory_dirty.set)
             if nvml_health
@@ -107,6 +112,7 @@ class Daemon:
             "paths": self.paths,
             "resource_name": self.cfg.resource_name,
             "policy": self.cfg.allocation_policy,
+            "decisions": self.decisions,
         }
 
     def _serve(self) -> bool:
@@ -226,7 +232,7 @@ class Daemon:
             now = time.monotonic()
             if self._inventory_dirty.is_set() or now >= next_inv:
                 self._inventory_dirty.clear()
-                next_inv = now + _INVENTORY_REFRESH_S
+                next_inv = now + self.cfg.inventory_heartbeat_s
                 self.annotator.publish()
             if now >= next_gc:
                 next_gc = now + self.cfg.record_gc_interval_s

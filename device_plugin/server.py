@@ -11,7 +11,7 @@ from concurrent import futures
 
 import grpc
 
-from device_plugin import allocator, records
+from device_plugin import allocator, decision, records
 from device_plugin.api import deviceplugin_pb2 as pb
 from device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from device_plugin.devices import DeviceTable
@@ -44,7 +44,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         resource_name: str,
         policy: str,
         stop: threading.Event,
+        decisions: decision.Decisions | None = None,
     ) -> None:
+        self.decisions = decisions  # scheduler decisions (None: every container gets n x 1/K)
         self.table = table
         self.paths = paths
         self.resource_name = resource_name
@@ -68,7 +70,14 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     ) -> pb.PreferredAllocationResponse:
         out = pb.PreferredAllocationResponse()
         for creq in request.container_requests:
-            ids = allocator.preferred(
+            steered = (
+                self.decisions.preferred(
+                    list(creq.available_deviceIDs), list(creq.must_include_deviceIDs), int(creq.allocation_size)
+                )
+                if self.decisions is not None
+                else None
+            )
+            ids = steered or allocator.preferred(
                 self.table,
                 list(creq.available_deviceIDs),
                 list(creq.must_include_deviceIDs),
@@ -82,16 +91,27 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         out = pb.AllocateResponse()
         for creq in request.container_requests:
             ids = list(creq.devices_ids)
+            claim = None
             try:
                 sl = allocator.slice_for(self.table, ids)
+                claim = self.decisions.claim(ids) if self.decisions is not None else None
+                if claim is not None:
+                    sl = claim.slice  # the decided GPUs, bytes and percent instead of n x 1/K
             except allocator.AllocationError as e:
                 log.warning(kv("allocate refused", devices=",".join(d[:80] for d in ids[:16]), reason=e))
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            except decision.DecisionError as e:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            except decision.ApiUnavailable as e:
+                log.error(kv("allocate refused", reason=e))
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             try:
                 rec = records.write_record(self.paths, self.resource_name, self.table.slicing.oversubscribe, sl)
             except OSError as e:
                 log.error("cannot write allocation record: %s", e)
                 context.abort(grpc.StatusCode.INTERNAL, f"cannot write allocation record: {e.strerror}")
+            if claim is not None and self.decisions is not None:
+                self.decisions.confirm(claim)
             cresp = out.container_responses.add()
             cresp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(sl.uuids)
             cresp.envs[TOKEN_ENV] = rec.token

@@ -46,6 +46,11 @@ class DevicePluginConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     record_gc_grace_s: NonNegFloat = 300.0
     record_gc_interval_s: PositiveFloat = 60.0
     node_name: str = ""
+    # Scheduler decisions (vgpu/scheduling.py): "auto" honours a pod's decision when the API
+    # server answers and falls back to n x 1/K when it does not; "required" fails Allocate when
+    # the API server cannot be asked; "off" never asks.
+    decisions: Literal["auto", "required", "off"] = "auto"
+    inventory_heartbeat_s: PositiveFloat = 30.0
 
 
 class MonitorConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

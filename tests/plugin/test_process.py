@@ -177,8 +177,8 @@ def test_node_inventory_follows_health(plugin, kubelet: FakeKubelet, fakegpu, ap
     first = docs()[0]
     assert first["split_count"] == 4
     assert [g["uuid"] for g in first["gpus"]] == list(fakegpu.uuids)
-    assert all(g["health"] == "Healthy" and g["model"] == "NVIDIA Fake GPU" for g in first["gpus"])
-    while not any(d["gpus"][0]["health"] == "Unhealthy" for d in docs()):
+    assert all(g["health"] is True and g["model"] == "NVIDIA Fake GPU" for g in first["gpus"])
+    while not any(d["gpus"][0]["health"] is False for d in docs()):
         assert time.monotonic() < deadline, "health change never reached the Node annotation"
         fakegpu.inject_xid(0, 48)  # double-bit ECC error
         time.sleep(0.5)
