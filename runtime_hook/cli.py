@@ -1,4 +1,4 @@
-"""vgpu-hook command line: prestart, poststop, containerd install|uninstall|print.
+"""vgpu-hook command line: prestart, poststop, containerd install|uninstall|print|detect, hooksd.
 
 Reached from runtime_hook.fastpath once the cheap decision is made (or for
 the containerd subcommands).  Exit codes: 0 ok / container left alone,
@@ -46,17 +46,36 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("prestart", help="OCI prestart hook (state JSON on stdin)")
     sub.add_parser("poststop", help="OCI poststop hook (state JSON on stdin)")
     c = sub.add_parser("containerd", help="wire the hook into containerd")
-    c.add_argument("action", choices=["install", "uninstall", "print"])
-    c.add_argument("--containerd-config", default="/etc/containerd/config.toml")
-    c.add_argument("--containerd-version", default=None, help="1 or 2 (default: `containerd --version`)")
+    c.add_argument("action", choices=["install", "uninstall", "print", "detect"])
+    c.add_argument("--containerd-config", default="/etc/containerd/config.toml", help="host path of the main config")
+    c.add_argument(
+        "--containerd-version", default=None, help="1 or 2 (default: config version, `containerd --version`)"
+    )
     c.add_argument("--handler", default="vgpu", help="runtime handler name (RuntimeClass.handler)")
     c.add_argument("--default", action="store_true", help="also make the handler containerd's default runtime")
-    c.add_argument("--base-spec", default=None, help="where to write the base runtime spec (JSON)")
+    c.add_argument("--base-spec", default=None, help="host path of the base runtime spec to write (JSON)")
     c.add_argument("--base-spec-source", default=None, help="start from this spec instead of `ctr oci spec`")
     c.add_argument("--conf-d", default=None, help="containerd 2.x drop-in directory (default: <config dir>/conf.d)")
-    c.add_argument("--python", default=None, help="interpreter that runs the hook (default: this one)")
+    c.add_argument("--python", default=None, help="host path of the interpreter that runs the hook (default: this one)")
+    c.add_argument("--hook-path", default=None, help="host path of runtime_hook/fastpath.py (default: this package's)")
     c.add_argument("--hook-timeout", type=int, default=30, help="seconds runc allows each hook")
     c.add_argument("--no-shell-filter", action="store_true", help="run the Python hook for every container")
+    c.add_argument("--root", default="/", help="the host's / (read and write every file under it; default /)")
+    c.add_argument("--containerd-bin", default=None, help="host path of containerd for `config dump` (chrooted)")
+    c.add_argument("--toolkit-config", default=None, help="the NVIDIA runtime's config.toml (default: detected)")
+    c.add_argument("--nvidia-runtime", default=None, help="BinaryName for the vgpu handler (overrides detection)")
+    c.add_argument(
+        "--without-nvidia-runtime", action="store_true", help="allow a node without NVIDIA runtime (simulator, tests)"
+    )
+    c.add_argument("--json", action="store_true", help="detect: print the facts as JSON")
+    h = sub.add_parser("hooksd", help="OCI hooks.d entries for CRI-O and podman")
+    h.add_argument("action", choices=["install", "uninstall", "print"])
+    h.add_argument("--dir", default=None, help="hooks.d directory (default /usr/share/containers/oci/hooks.d)")
+    h.add_argument("--root", default="/", help="the host's / (files are written under it)")
+    h.add_argument("--python", default=None, help="host path of the interpreter that runs the hook (default: this one)")
+    h.add_argument("--hook-path", default=None, help="host path of runtime_hook/fastpath.py (default: this package's)")
+    h.add_argument("--hook-timeout", type=int, default=30, help="seconds the runtime allows each hook")
+    h.add_argument("--no-shell-filter", action="store_true", help="run Python directly (no sh filter)")
     return p
 
 
@@ -108,9 +127,13 @@ def main(
     from runtime_hook import containerd
 
     try:
+        if ns.cmd == "hooksd":
+            from runtime_hook import hooksd
+
+            return hooksd.command(ns, cfg)
         return containerd.command(ns, cfg)
     except containerd.InstallError as e:
-        sys.stderr.write(f"vgpu-hook containerd {ns.action}: {e}\n")
+        sys.stderr.write(f"vgpu-hook {ns.cmd} {ns.action}: {e}\n")
         return 1
 
 

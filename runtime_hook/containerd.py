@@ -1,18 +1,28 @@
-"""`vgpu-hook containerd install | uninstall | print`: wire the hook into containerd.
+"""`vgpu-hook containerd install | uninstall | print | detect`: wire the hook into containerd.
 
 The hook travels in a base runtime spec (containerd's default spec plus our
 prestart and poststop hooks, each with an explicit `env` and `timeout`: a hook
 without `env` may inherit the image's environment, CVE-2025-23266) that a
-runtime handler `vgpu` (runc v2) names in `base_runtime_spec`.
+runtime handler `vgpu` names in `base_runtime_spec`.
 
-- containerd 1.6/1.7 (config `version = 2`): the main config.toml is edited in
-  place with tomlkit (comments and every other setting preserved).  A drop-in
-  under `imports` is NOT safe there: a drop-in touching the CRI plugin replaces
-  the whole CRI section.  The original file is backed up next to it, and a
-  sidecar records what install wrote, so uninstall restores the original byte
-  for byte (or, if the admin edited the file since, removes only our keys).
+The `vgpu` handler is a deep copy of the node's NVIDIA handler (`runtime_type`,
+`options` with `BinaryName`, `SystemdCgroup`, everything): the GPU still reaches
+the container through nvidia-container-runtime, our hook adds the vGPU slice.
+`runtime_hook.nodetype` decides which handler and which binary (docs/node-types.md).
+
+- containerd 1.6/1.7 (config `version = 2`): the file that owns the effective
+  CRI section is edited in place with tomlkit (comments and every other setting
+  preserved): the main config.toml, or - when a drop-in such as the toolkit's
+  conf.d/99-nvidia.toml carries the CRI section - that drop-in (see `_target_v2`).
+  Originals are backed up next to each file, and a sidecar records what install
+  wrote, so uninstall restores every file byte for byte (or, if the admin
+  edited one since, removes only our keys).
 - containerd 2.x (config `version = 3`): a drop-in `<conf.d>/vgpu.toml` (2.x
   deep-merges drop-ins); the main config gets an `imports` entry if it lacks one.
+
+With `--root DIR` every file is read and written under DIR (the host's `/` as an
+installer container sees it), while every path written *into* a file (hook,
+interpreter, base spec, BinaryName) is the host's.
 """
 
 from __future__ import annotations
@@ -31,6 +41,9 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Table
 
+from runtime_hook import nodetype
+from runtime_hook.nodetype import Root
+
 V2_CRI = "io.containerd.grpc.v1.cri"
 V3_RUNTIME = "io.containerd.cri.v1.runtime"
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
@@ -45,8 +58,12 @@ class InstallError(Exception):
 # ---- the base runtime spec ----------------------------------------------------
 
 
-def hook_command(python: str, kind: str, global_args: list[str]) -> list[str]:
-    fast = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fastpath.py")
+def default_hook_path() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "fastpath.py")
+
+
+def hook_command(python: str, kind: str, global_args: list[str], hook_path: str | None = None) -> list[str]:
+    fast = hook_path or default_hook_path()
     # -I: no PYTHON* env, no user site, no cwd on sys.path; -S: no site scan on the hot path.
     return [python, "-I", "-S", fast, *global_args, kind]
 
@@ -104,12 +121,12 @@ def shell_filter(state_dir: str) -> str:
 
 
 def hook_entries(
-    python: str, global_args: list[str], timeout: int, state_dir: str | None = None
+    python: str, global_args: list[str], timeout: int, state_dir: str | None = None, hook_path: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """Hook objects for the spec: the sh filter (when state_dir is given) or Python directly."""
     out = {}
     for kind in ("prestart", "poststop"):
-        args = hook_command(python, kind, global_args)
+        args = hook_command(python, kind, global_args, hook_path)
         if state_dir is not None:
             args = ["/bin/sh", "-c", shell_filter(state_dir), "vgpu-hook", kind, *args]
         out[kind] = {"path": args[0], "args": args, "env": list(HOOK_ENV), "timeout": timeout}
@@ -118,10 +135,15 @@ def hook_entries(
 
 def _is_ours(hook: Any) -> bool:
     args = hook.get("args") if isinstance(hook, dict) else None
-    return isinstance(args, list) and any(isinstance(a, str) and a.endswith("runtime_hook/fastpath.py") for a in args)
+    if not isinstance(args, list):
+        return False
+    if len(args) > 3 and args[:2] == ["/bin/sh", "-c"] and args[3] == MARK:
+        return True  # the sh filter form
+    return any(isinstance(a, str) and a.endswith("/fastpath.py") for a in args)
 
 
-def default_spec(source: str | None) -> dict[str, Any]:
+def default_spec(source: str | None, root: Root | None = None) -> dict[str, Any]:
+    """The spec to add our hooks to: `source` (a file here), else `ctr oci spec` (the host's under --root)."""
     if source:
         try:
             with open(source, "rb") as f:
@@ -129,10 +151,19 @@ def default_spec(source: str | None) -> dict[str, Any]:
         except (OSError, ValueError) as e:
             raise InstallError(f"cannot read base spec {source}: {e}") from None
     else:
-        ctr = shutil.which("ctr")
-        if not ctr:
+        root = root or Root("/")
+        argv: list[str] | None = None
+        if root.is_host:
+            ctr = shutil.which("ctr")
+            argv = [ctr, "oci", "spec"] if ctr else None
+        else:
+            for cand in ("/usr/bin/ctr", "/usr/local/bin/ctr", "/bin/ctr"):
+                if root.exists(cand):
+                    argv = root.command(cand, "oci", "spec")
+                    break
+        if argv is None:
             raise InstallError("`ctr` not found: pass --base-spec-source with containerd's default spec")
-        r = subprocess.run([ctr, "oci", "spec"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         if r.returncode != 0:
             raise InstallError(f"`ctr oci spec` failed: {r.stderr.strip()[:200]}")
         spec = json.loads(r.stdout)
@@ -151,6 +182,93 @@ def with_hooks(spec: dict[str, Any], entries: dict[str, dict[str, Any]]) -> dict
     return spec
 
 
+# ---- the vgpu handler ---------------------------------------------------------
+
+NO_NVIDIA = (
+    "no NVIDIA container runtime found in {where}: the vgpu handler would start containers "
+    "without any GPU. Install the NVIDIA Container Toolkit and run "
+    "`nvidia-ctk runtime configure --runtime=containerd` (or deploy the GPU Operator), then "
+    "re-run this command; or name the runtime with --nvidia-runtime PATH; or pass "
+    "--without-nvidia-runtime where the GPU reaches containers another way (simulator, tests)"
+)
+
+
+class Choice:
+    """What the vgpu handler is built from, and why."""
+
+    def __init__(self, table: dict[str, Any], source: str, binary: str, notes: list[str]) -> None:
+        self.table = table
+        self.source = source  # handler copied ("" = none)
+        self.binary = binary  # BinaryName of the vgpu handler ("" = runc on PATH)
+        self.notes = notes
+
+
+def choose_handler(facts: nodetype.NodeFacts, nvidia_runtime: str | None, without: bool) -> Choice:
+    """The table the vgpu handler starts from (a deep copy; ours is added by `vgpu_table`)."""
+    notes: list[str] = []
+    nv = facts.handler(facts.nvidia_handler) if facts.nvidia_handler else None
+    runc = facts.handler("runc")
+    if nvidia_runtime:
+        base = nv or runc
+        table = json.loads(json.dumps(base.table)) if base else {}
+        table.setdefault("runtime_type", "io.containerd.runc.v2")
+        table.setdefault("options", {})["BinaryName"] = nvidia_runtime
+        return Choice(table, base.name if base else "", nvidia_runtime, ["--nvidia-runtime given"])
+    if nv is not None:
+        table = json.loads(json.dumps(nv.table))
+        table.setdefault("runtime_type", "io.containerd.runc.v2")
+        binary = nv.binary_name
+        tk = facts.toolkit
+        if facts.node_type == "N3":
+            if facts.legacy_binary:
+                # The runtime runs in `cdi` mode: a bare NVIDIA_VISIBLE_DEVICES=<uuid> (our device
+                # plugin's envvar strategy) would become `<default-kind>=<uuid>`, which the
+                # management spec does not have ("unresolvable CDI devices", HAMi #1106).  The
+                # `.legacy` binary is the same runtime with the mode forced to legacy.
+                binary = facts.legacy_binary
+                table.setdefault("options", {})["BinaryName"] = binary
+                notes.append(f"NVIDIA runtime in cdi mode: using its legacy-mode sibling {binary}")
+            else:
+                kind = tk.default_kind if tk else "nvidia.com/gpu"
+                notes.append(
+                    f"NVIDIA runtime in cdi mode and no .legacy binary: GPUs must be requested as CDI "
+                    f"devices - run the device plugin with --device-list-strategy=cdi-annotations "
+                    f"(or cdi-cri) and CDI specs of kind {kind} naming GPUs by UUID"
+                )
+        return Choice(table, nv.name, binary, notes)
+    if not without:
+        raise InstallError(NO_NVIDIA.format(where=", ".join(facts.files) or facts.containerd_config))
+    opts = runc.table.get("options") if runc is not None else None
+    table = {"runtime_type": "io.containerd.runc.v2", "options": json.loads(json.dumps(opts or {}))}
+    return Choice(table, "runc" if runc else "", "", ["--without-nvidia-runtime: containers get no GPU from us"])
+
+
+def vgpu_table(choice: Choice, base_spec: str, facts: nodetype.NodeFacts) -> dict[str, Any]:
+    """The copied table plus our base_runtime_spec and container_annotations."""
+    table = json.loads(json.dumps(choice.table))
+    table["base_runtime_spec"] = base_spec
+    # CRI passes container annotations into the OCI spec only for the keys a runtime lists:
+    # our token, and the CDI annotation prefixes the NVIDIA runtime reads in cdi mode.
+    ann = [a for a in table.get("container_annotations") or [] if isinstance(a, str)]
+    wanted = [ANNOTATION_GLOB]
+    if choice.binary and facts.toolkit is not None:
+        wanted += [p + "*" for p in facts.toolkit.annotation_prefixes]
+    for a in wanted:
+        if a not in ann:
+            ann.append(a)
+    table["container_annotations"] = ann
+    return table
+
+
+def _to_toml(table: dict[str, Any], comment: str | None = None) -> Any:
+    t = tomlkit.table()
+    if comment:
+        t.add(tomlkit.comment(comment))
+    for k, v in table.items():  # plain keys first, sub-tables after (tomlkit orders the output)
+        t[k] = _to_toml(v) if isinstance(v, dict) else v
+    return t
+
+
 # ---- config editing -----------------------------------------------------------
 
 
@@ -165,27 +283,14 @@ def _runtimes_v2(doc: Any) -> Any:
     return _table(cri, "containerd")
 
 
-def edit_v2(text: str, handler: str, base_spec: str, make_default: bool) -> str:
-    """containerd 1.x config (version 2): add runtimes.<handler>, optionally the default."""
+def edit_v2(text: str, handler: str, table: dict[str, Any], make_default: bool) -> str:
+    """containerd 1.x config (version 2): set runtimes.<handler>, optionally the default."""
     doc = tomlkit.parse(text)
     if doc.get("version", 1) not in (2,):
         raise InstallError(f"containerd 1.x config version {doc.get('version', 1)} unsupported (need version = 2)")
     ctd = _runtimes_v2(doc)
     runtimes = _table(ctd, "runtimes")
-    rt = tomlkit.table()
-    rt.add(tomlkit.comment(f"added by {MARK}: OCI hooks for vGPU containers"))
-    rt["runtime_type"] = "io.containerd.runc.v2"
-    rt["base_runtime_spec"] = base_spec
-    # CRI passes container annotations (the device plugin's token) into the
-    # OCI spec only for the keys a runtime lists.
-    rt["container_annotations"] = [ANNOTATION_GLOB]
-    base_opts = runtimes.get("runc", {}).get("options") if "runc" in runtimes else None
-    opts = tomlkit.table()
-    if isinstance(base_opts, dict):
-        for k, v in base_opts.items():
-            opts[k] = v.unwrap() if hasattr(v, "unwrap") else v
-    rt["options"] = opts
-    runtimes[handler] = rt
+    runtimes[handler] = _to_toml(table, f"added by {MARK}: OCI hooks for vGPU containers")
     if make_default:
         ctd["default_runtime_name"] = handler
     return tomlkit.dumps(doc)
@@ -205,7 +310,7 @@ def remove_v2(text: str, handler: str, previous_default: str | None) -> str:
     return tomlkit.dumps(doc)
 
 
-def dropin_v3(handler: str, base_spec: str, make_default: bool) -> str:
+def dropin_v3(handler: str, table: dict[str, Any], make_default: bool) -> str:
     doc = tomlkit.document()
     doc.add(tomlkit.comment(f"written by {MARK}; removed by `vgpu-hook containerd uninstall`"))
     doc["version"] = 3
@@ -214,11 +319,7 @@ def dropin_v3(handler: str, base_spec: str, make_default: bool) -> str:
     if make_default:
         ctd["default_runtime_name"] = handler
     rts = tomlkit.table(is_super_table=True)
-    rt = tomlkit.table()
-    rt["runtime_type"] = "io.containerd.runc.v2"
-    rt["base_runtime_spec"] = base_spec
-    rt["container_annotations"] = [ANNOTATION_GLOB]
-    rts[handler] = rt
+    rts[handler] = _to_toml(table)
     ctd["runtimes"] = rts
     rt_parent["containerd"] = ctd
     plugins = tomlkit.table(is_super_table=True)
@@ -241,70 +342,91 @@ def ensure_import(text: str, pattern: str) -> str:
     return tomlkit.dumps(doc)
 
 
+def _target_v2(facts: nodetype.NodeFacts) -> str:
+    """The file install edits on containerd 1.x: the one whose CRI section containerd uses.
+
+    On 1.x `imports` replace plugin sections per key: a drop-in that names the CRI plugin
+    (the toolkit >= 1.18 writes conf.d/99-nvidia.toml with a copy of the whole CRI section)
+    replaces the main file's CRI section entirely, so a handler added to the main file is
+    silently lost.  We add ours inside that same drop-in's CRI section, next to the
+    `nvidia` handler it copies, rather than in a later-sorting drop-in of our own carrying
+    a second full copy: that copy would freeze the CRI section as it is today and shadow
+    every later change to 99-nvidia.toml (a toolkit upgrade or `nvidia-ctk runtime
+    configure` re-run), without any error.  The cost of our choice: re-running
+    `nvidia-ctk runtime configure` regenerates the drop-in and drops `vgpu` - containerd then
+    reports the missing handler at pod start, `vgpuctl doctor` FAILs, and re-running
+    `vgpu-hook containerd install` puts it back.  The same rule holds on 1.6 and 1.7
+    (`mergeConfig` in services/server/config/config.go); the test proves it with 1.6's
+    `containerd config dump`.
+    """
+    return facts.cri_file or facts.containerd_config
+
+
 # ---- install / uninstall ------------------------------------------------------
 
 
-def detect_major(explicit: str | None, config_text: str | None) -> int:
-    if explicit:
-        if explicit not in ("1", "2"):
-            raise InstallError(f"--containerd-version must be 1 or 2, not {explicit!r}")
-        return int(explicit)
-    if config_text:
-        try:
-            v = tomlkit.parse(config_text).get("version", 1)
-        except Exception as e:
-            raise InstallError(f"cannot parse containerd config: {e}") from None
-        if v == 3:
-            return 2
-    exe = shutil.which("containerd")
-    if exe:
-        r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
-        for word in r.stdout.split():
-            if word[:1].isdigit() or word[:2] in ("v1", "v2"):
-                return 2 if word.lstrip("v").startswith("2") else 1
-    return 1
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
+def _major(explicit: str | None) -> int | None:
+    if not explicit:
         return None
-    except OSError as e:
-        raise InstallError(f"cannot read {path}: {e.strerror}") from None
+    if explicit not in ("1", "2"):
+        raise InstallError(f"--containerd-version must be 1 or 2, not {explicit!r}")
+    return int(explicit)
 
 
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{MARK}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+def _read(root: Root, path: str) -> str | None:
+    try:
+        return root.read(path)
+    except nodetype.DetectError as e:
+        raise InstallError(str(e)) from None
+
+
+def _write(root: Root, path: str, text: str, mode: int | None = None) -> None:
+    """Atomic write under the root; an existing file keeps its mode unless one is given."""
+    real = root.fs(path)
+    os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
+    if mode is None:
+        try:
+            mode = os.stat(real).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o644
+    tmp = f"{real}.{MARK}.tmp"
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    os.replace(tmp, real)
+
+
+def _unlink(root: Root, path: str) -> None:
+    try:
+        os.unlink(root.fs(path))
+    except FileNotFoundError:
+        pass
 
 
 def _sha(text: str | None) -> str:
-    return hashlib.sha256((text or "").encode()).hexdigest()
+    return hashlib.sha256((text or "").encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _default_config_text() -> str:
-    exe = shutil.which("containerd")
-    if exe:
-        r = subprocess.run([exe, "config", "default"], capture_output=True, text=True, timeout=30)
-        if r.returncode == 0 and r.stdout.strip():
+def _default_config_text(root: Root, facts: nodetype.NodeFacts) -> str:
+    if facts.containerd_bin:
+        r = root.run(facts.containerd_bin, "config", "default")
+        if r is not None and r.returncode == 0 and r.stdout.strip():
             return r.stdout
     return "version = 2\n"
 
 
 class Plan:
-    """What install would write: {path: new text}, plus the sidecar state."""
+    """What install would write: {host path: new text}, the node facts and what it decided."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Root, facts: nodetype.NodeFacts) -> None:
+        self.root = root
+        self.facts = facts
         self.files: dict[str, str] = {}
         self.old: dict[str, str | None] = {}
+        self.notes: list[str] = []
+        self.choice: Choice | None = None
 
 
 def resolved_args(args: argparse.Namespace, cfg: Any) -> list[str]:
@@ -327,47 +449,103 @@ def resolved_args(args: argparse.Namespace, cfg: Any) -> list[str]:
     return out
 
 
+def detect_args(args: argparse.Namespace) -> nodetype.NodeFacts:
+    try:
+        return nodetype.detect(
+            os.path.abspath(args.containerd_config),
+            root=args.root,
+            containerd_bin=args.containerd_bin,
+            toolkit_config=args.toolkit_config,
+            major=_major(getattr(args, "containerd_version", None)),
+            exclude=getattr(args, "handler", "vgpu"),
+        )
+    except nodetype.DetectError as e:
+        raise InstallError(str(e)) from None
+
+
 def plan_install(args: argparse.Namespace, cfg: Any) -> tuple[Plan, dict[str, Any]]:
+    root = Root(args.root)
     conf = os.path.abspath(args.containerd_config)
-    text = _read(conf)
-    major = detect_major(args.containerd_version, text)
+    facts = detect_args(args)
+    major = facts.containerd_major
     base_spec = os.path.abspath(args.base_spec or os.path.join(os.path.dirname(conf), "vgpu-base-spec.json"))
     python = os.path.abspath(args.python or sys.executable)
     # The state dir is fixed at install time (the sh filter needs it without
     # parsing TOML): re-run install after changing common.state_dir.
     state_dir = os.path.abspath(cfg.common.state_dir)
     gargs = resolved_args(args, cfg)
-    entries = hook_entries(python, gargs, args.hook_timeout, None if args.no_shell_filter else state_dir)
-    spec = with_hooks(default_spec(args.base_spec_source), entries)
-    plan = Plan()
+    entries = hook_entries(
+        python, gargs, args.hook_timeout, None if args.no_shell_filter else state_dir, args.hook_path
+    )
+    choice = choose_handler(facts, args.nvidia_runtime, args.without_nvidia_runtime)
+    source = args.base_spec_source
+    start_spec: dict[str, Any] | None = None
+    theirs = str(choice.table.get("base_runtime_spec") or "")
+    if not source and theirs and theirs != base_spec:
+        # The copied handler has a base spec of its own: ours starts from it (its hooks kept).
+        text = _read(root, theirs)
+        if text is not None:
+            try:
+                start_spec = json.loads(text)
+            except ValueError:
+                raise InstallError(f"base_runtime_spec {theirs} of handler `{choice.source}` is not JSON") from None
+    spec = with_hooks(start_spec if isinstance(start_spec, dict) else default_spec(source, root), entries)
+    table = vgpu_table(choice, base_spec, facts)
+    plan = Plan(root, facts)
+    plan.choice = choice
+    plan.notes = list(choice.notes)
     plan.files[base_spec] = json.dumps(spec, indent=2) + "\n"
-    state: dict[str, Any] = {"major": major, "handler": args.handler, "base_spec": base_spec, "config": conf}
-    side = _sidecar(conf)
-    prev = _load_sidecar(side)
-    original = prev["original"] if prev else text
+    state: dict[str, Any] = {
+        "major": major,
+        "handler": args.handler,
+        "base_spec": base_spec,
+        "config": conf,
+        "node_type": facts.node_type,
+        "copied_from": choice.source,
+        "binary": choice.binary,
+        "without_nvidia_runtime": bool(args.without_nvidia_runtime),
+        "nvidia_runtime": args.nvidia_runtime or "",
+    }
+    prev = _load_sidecar(root, _sidecar(conf))
+    prev_files = _files_of(prev)
+    edited: list[str] = []
     if major == 1:
-        start = text if text is not None else _default_config_text()
+        target = _target_v2(facts)
+        text = _read(root, target)
+        start = text if text is not None else _default_config_text(root, facts)
         try:
             ctd = tomlkit.parse(start).get("plugins", {}).get(V2_CRI, {}).get("containerd", {})
         except Exception as e:
-            raise InstallError(f"cannot parse {conf}: {e}") from None
-        prev_default = prev["previous_default"] if prev else ctd.get("default_runtime_name")
+            raise InstallError(f"cannot parse {target}: {e}") from None
+        prev_default = prev.get("previous_default") if prev else ctd.get("default_runtime_name")
         if prev_default == args.handler:
             prev_default = "runc"
-        new = edit_v2(start, args.handler, base_spec, args.default)
-        plan.files[conf] = new
+        plan.files[target] = edit_v2(start, args.handler, table, args.default)
         state["previous_default"] = prev_default
+        state["target"] = target
+        edited.append(target)
+        if target != conf:
+            plan.notes.append(
+                f"containerd 1.x: {target} owns the CRI section (it replaces the main file's): the handler goes there"
+            )
     else:
         confd = os.path.abspath(args.conf_d or os.path.join(os.path.dirname(conf), "conf.d"))
         dropin = os.path.join(confd, "vgpu.toml")
-        plan.files[dropin] = dropin_v3(args.handler, base_spec, args.default)
+        plan.files[dropin] = dropin_v3(args.handler, table, args.default)
         state["dropin"] = dropin
+        text = _read(root, conf)
         start = text if text is not None else "version = 3\n"
         plan.files[conf] = ensure_import(start, os.path.join(confd, "*.toml"))
+        edited.append(conf)
     for path in plan.files:
-        plan.old[path] = _read(path)
-    state["original"] = original
-    state["installed_sha256"] = _sha(plan.files[conf])
+        plan.old[path] = _read(root, path)
+    files = {}
+    for path in set(prev_files) | set(edited):
+        rec = dict(prev_files.get(path) or {"original": plan.old.get(path) if path in plan.old else _read(root, path)})
+        if path in plan.files:
+            rec["installed_sha256"] = _sha(plan.files[path])
+        files[path] = rec
+    state["files"] = files
     return plan, state
 
 
@@ -375,8 +553,8 @@ def _sidecar(conf: str) -> str:
     return conf + f".{MARK}.json"
 
 
-def _load_sidecar(path: str) -> dict[str, Any] | None:
-    t = _read(path)
+def _load_sidecar(root: Root, path: str) -> dict[str, Any] | None:
+    t = _read(root, path)
     if t is None:
         return None
     try:
@@ -386,51 +564,64 @@ def _load_sidecar(path: str) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
+def _files_of(state: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """{config file: {"original", "installed_sha256"}} of a sidecar (also the older one-file form)."""
+    if not state:
+        return {}
+    files = state.get("files")
+    if isinstance(files, dict):
+        return {k: v for k, v in files.items() if isinstance(v, dict)}
+    if "config" in state:
+        return {state["config"]: {"original": state.get("original"), "installed_sha256": state.get("installed_sha256")}}
+    return {}
+
+
 def install(args: argparse.Namespace, cfg: Any) -> int:
     plan, state = plan_install(args, cfg)
+    root = plan.root
     conf = state["config"]
-    side = _sidecar(conf)
-    if _load_sidecar(side) is None:
-        if state["original"] is not None:
-            _write(conf + f".{MARK}.bak", state["original"], 0o600)
-        _write(side, json.dumps(state, indent=2) + "\n", 0o600)
-    else:
-        prev = _load_sidecar(side) or {}
-        prev.update({k: v for k, v in state.items() if k != "original"})
-        _write(side, json.dumps(prev, indent=2) + "\n", 0o600)
+    for path, rec in state["files"].items():
+        bak = path + f".{MARK}.bak"
+        if rec.get("original") is not None and _read(root, bak) is None:
+            _write(root, bak, rec["original"], 0o600)
+    _write(root, _sidecar(conf), json.dumps(state, indent=2) + "\n", 0o600)
     for path, text in plan.files.items():
         if plan.old.get(path) != text:
-            _write(path, text)
+            _write(root, path, text)
+    for n in plan.notes:
+        sys.stdout.write(f"vgpu-hook: {n}\n")
+    via = f" -> {state['binary']}" if state["binary"] else " -> runc (no NVIDIA runtime)"
     sys.stdout.write(
-        f"vgpu-hook: containerd {state['major']}.x configured (handler `{args.handler}`); restart containerd\n"
+        f"vgpu-hook: containerd {state['major']}.x configured (handler `{args.handler}`{via}, "
+        f"node type {state['node_type']}); restart containerd\n"
     )
     return 0
 
 
 def uninstall(args: argparse.Namespace) -> int:
+    root = Root(args.root)
     conf = os.path.abspath(args.containerd_config)
     side = _sidecar(conf)
-    st = _load_sidecar(side)
+    st = _load_sidecar(root, side)
     if st is None:
         sys.stdout.write("vgpu-hook: nothing to uninstall\n")
         return 0
-    current = _read(conf)
-    original = st.get("original")
-    if _sha(current) == st.get("installed_sha256"):
-        if original is None:
-            os.unlink(conf)
-        else:
-            _write(conf, original)
-    elif current is not None and st.get("major") == 1:
-        _write(conf, remove_v2(current, st.get("handler", "vgpu"), st.get("previous_default")))
-    # (2.x: an edited main config keeps its harmless `imports` entry.)
-    for path in (st.get("dropin"), st.get("base_spec")):
-        if path and os.path.exists(path):
-            os.unlink(path)
-    bak = conf + f".{MARK}.bak"
-    if os.path.exists(bak):
-        os.unlink(bak)
-    os.unlink(side)
+    for path, rec in _files_of(st).items():
+        current = _read(root, path)
+        original = rec.get("original")
+        if _sha(current) == rec.get("installed_sha256") or current == original:
+            if original is None:
+                _unlink(root, path)
+            else:
+                _write(root, path, original)
+        elif current is not None and st.get("major") == 1:
+            _write(root, path, remove_v2(current, st.get("handler", "vgpu"), st.get("previous_default")))
+        # (2.x: an edited main config keeps its harmless `imports` entry.)
+        _unlink(root, path + f".{MARK}.bak")
+    for ours in (st.get("dropin"), st.get("base_spec")):
+        if isinstance(ours, str) and ours:
+            _unlink(root, ours)
+    _unlink(root, side)
     sys.stdout.write("vgpu-hook: containerd configuration restored; restart containerd\n")
     return 0
 
@@ -438,6 +629,14 @@ def uninstall(args: argparse.Namespace) -> int:
 def show(args: argparse.Namespace, cfg: Any) -> int:
     plan, _ = plan_install(args, cfg)
     out = sys.stdout
+    for line in nodetype.summary(plan.facts):
+        out.write(f"# {line}\n")
+    c = plan.choice
+    if c is not None:
+        src = f"a copy of handler `{c.source}`" if c.source else "a new table"
+        out.write(f"# handler `{args.handler}`: {src}, BinaryName {c.binary or '(runc on PATH)'}\n")
+    for n in plan.notes:
+        out.write(f"# {n}\n")
     for path, text in plan.files.items():
         old = plan.old.get(path)
         if old == text:
@@ -453,9 +652,20 @@ def show(args: argparse.Namespace, cfg: Any) -> int:
     return 0
 
 
+def detect(args: argparse.Namespace) -> int:
+    facts = detect_args(args)
+    if getattr(args, "json", False):
+        sys.stdout.write(nodetype.to_json(facts))
+    else:
+        sys.stdout.write("\n".join(nodetype.summary(facts)) + "\n")
+    return 0
+
+
 def command(args: argparse.Namespace, cfg: Any) -> int:
     if args.action == "install":
         return install(args, cfg)
     if args.action == "uninstall":
         return uninstall(args)
+    if args.action == "detect":
+        return detect(args)
     return show(args, cfg)

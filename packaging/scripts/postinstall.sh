@@ -33,7 +33,11 @@ fi
 containerd_changed=0
 sidecar=/etc/containerd/config.toml.vgpu-hook.json
 if [ "${VGPU_CONFIGURE_CONTAINERD:-0}" = 1 ]; then
-  if vgpu-hook containerd install; then
+  # VGPU_WITHOUT_NVIDIA_RUNTIME=1: a node whose GPU reaches containers without NVIDIA's runtime (simulator).
+  nvflag=
+  [ "${VGPU_WITHOUT_NVIDIA_RUNTIME:-0}" = 1 ] && nvflag=--without-nvidia-runtime
+  # shellcheck disable=SC2086
+  if vgpu-hook containerd install $nvflag; then
     containerd_changed=1
   else
     echo "k8s-vgpu: 'vgpu-hook containerd install' failed; containerd is unchanged" >&2
@@ -49,6 +53,10 @@ state = json.load(open(sys.argv[1]))
 args = ["vgpu-hook", "containerd", "install", "--handler", str(state.get("handler", "vgpu"))]
 if state.get("base_spec"):
     args += ["--base-spec", str(state["base_spec"])]
+if state.get("nvidia_runtime"):
+    args += ["--nvidia-runtime", str(state["nvidia_runtime"])]
+if state.get("without_nvidia_runtime"):
+    args.append("--without-nvidia-runtime")
 os.execv("/usr/bin/vgpu-hook", args)
 PY
   then

@@ -8,12 +8,14 @@ install` exactly as on a node).  The runc shim's sockets still go to
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import tomlkit
 
@@ -132,3 +134,146 @@ class Containerd:
         self.proc = None
         subprocess.run(["umount", "-R", "-l", str(self.dir / "root")], capture_output=True)
         subprocess.run(["umount", "-R", "-l", str(self.dir / "state")], capture_output=True)
+
+
+# ---- node shapes: containerd + toolkit configs exactly as the toolkit leaves them ----------
+
+SHAPES = ("n1-117", "n1-118", "n2", "n3")
+EXPECTED_TYPE = {"n1-117": "N1-legacy", "n1-118": "N1-jit-cdi", "n2": "N2", "n3": "N3"}
+CRI = "io.containerd.grpc.v1.cri"
+
+
+class Shape:
+    """One node's files under `root`; host paths are `prefix` + the usual path.
+
+    prefix "" with a temp root: a host tree as an installer container sees it (`--root`);
+    a temp prefix with root "/": real absolute paths, so containerd itself can read them.
+    """
+
+    def __init__(self, kind: str, root: Path, prefix: str) -> None:
+        self.kind = kind
+        self.root = root
+        self.prefix = prefix
+        self.conf = self.hp("/etc/containerd/config.toml")
+        self.toolkit_config = ""
+        self.binary = ""
+
+    def hp(self, p: str) -> str:
+        return self.prefix + p
+
+    def fs(self, host_path: str) -> Path:
+        return self.root / host_path.lstrip("/")
+
+    def write(self, host_path: str, text: str, mode: int = 0o644) -> None:
+        f = self.fs(host_path)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+        os.chmod(f, mode)
+
+    def snapshot(self) -> dict[str, bytes]:
+        """Every file of the tree (bytes), for byte-for-byte comparisons."""
+        base = self.fs(self.hp("/"))
+        return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+def _runtime_script(target: Path | None, toolkit_config: str | None) -> str:
+    lines = ["#!/bin/sh"]
+    if toolkit_config:
+        lines += [f"NVIDIA_CTK_CONFIG_FILE_PATH='{toolkit_config}'", "export NVIDIA_CTK_CONFIG_FILE_PATH"]
+    lines.append(f"exec '{target}' \"$@\"" if target else "exit 1")
+    return "\n".join(lines) + "\n"
+
+
+def make_shape(
+    kind: str,
+    root: Path,
+    prefix: str = "",
+    *,
+    base_text: str,
+    runtime_dir: Path | None = None,
+    toolkit_text: Any = None,
+    cdi_spec: dict[str, Any] | None = None,
+) -> Shape:
+    """Writes the containerd config (from `base_text`) and toolkit files of a node shape.
+
+    n1-117: `nvidia-ctk runtime configure --set-as-default` of toolkit 1.17 (main file edited in place);
+    n1-118: toolkit >= 1.18 (drop-in conf.d/99-nvidia.toml with a copy of the whole CRI section + imports);
+    n2: GPU Operator < 25.10 (wrappers under /usr/local/nvidia/toolkit, nvidia/nvidia-cdi/nvidia-legacy,
+        `nvidia` default); n3: GPU Operator >= 25.10 (same, `runc` default, enable_cdi, mode cdi,
+        default kind management.nvidia.com/gpu).
+    `runtime_dir`: where the stand-in binaries are (the runtimes exec them), None for inert scripts.
+    `toolkit_text(mode=..., **flags)` renders a toolkit config.toml (tests.fakegpu.toolkit).
+    """
+    from tests.fakegpu import toolkit as fk
+
+    render = toolkit_text or (lambda **kw: fk.toolkit_config_text(None, **kw))
+    s = Shape(kind, root, prefix)
+    doc = tomlkit.parse(base_text)
+    cri = doc["plugins"][CRI]  # type: ignore[index]
+    ctd = cri["containerd"]  # type: ignore[index]
+    runc = ctd["runtimes"]["runc"]  # type: ignore[index]
+
+    def nvidia_table(binary: str) -> Any:
+        t = tomlkit.parse(tomlkit.dumps(tomlkit.document().add("x", runc)))["x"]  # a deep copy of runc's table
+        t["options"]["BinaryName"] = binary  # type: ignore[index]
+        return t
+
+    operator = kind in ("n2", "n3")
+    if operator:
+        tk = s.hp("/usr/local/nvidia/toolkit")
+        s.toolkit_config = tk + "/.config/nvidia-container-runtime/config.toml"
+        flags: dict[str, Any] = {"hook_path": tk + "/nvidia-container-runtime-hook"}
+        if kind == "n3":
+            flags.update(mode="cdi", default_kind="management.nvidia.com/gpu")
+            flags["spec_dirs"] = [s.hp("/etc/cdi"), s.hp("/var/run/cdi")]
+        else:
+            flags.update(mode="auto")
+        s.write(s.toolkit_config, render(**flags))
+        for name in fk.OPERATOR_BINARIES:
+            target = runtime_dir / name if runtime_dir else None
+            s.write(f"{tk}/{name}", _runtime_script(target, s.toolkit_config), 0o755)
+        s.binary = tk + "/nvidia-container-runtime"
+        rts = ctd["runtimes"]  # type: ignore[index]
+        rts["nvidia"] = nvidia_table(s.binary)
+        rts["nvidia-cdi"] = nvidia_table(s.binary + ".cdi")
+        rts["nvidia-legacy"] = nvidia_table(s.binary + ".legacy")
+        if kind == "n2":
+            ctd["default_runtime_name"] = "nvidia"
+        else:
+            cri["enable_cdi"] = True
+            cri["cdi_spec_dirs"] = [s.hp("/etc/cdi"), s.hp("/var/run/cdi")]
+            spec = cdi_spec or {
+                "cdiVersion": "0.5.0",
+                "kind": "management.nvidia.com/gpu",
+                "devices": [{"name": "all", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}],
+            }
+            s.write(s.hp("/var/run/cdi/management.nvidia.com-gpu.json"), json.dumps(spec, indent=1))
+        s.write(s.conf, tomlkit.dumps(doc))
+        return s
+    s.toolkit_config = s.hp("/etc/nvidia-container-runtime/config.toml")
+    s.write(s.toolkit_config, render(mode="auto"))
+    s.binary = s.hp("/usr/bin/nvidia-container-runtime")
+    for name in ("nvidia-container-runtime", "nvidia-container-runtime-hook"):
+        target = runtime_dir / name if runtime_dir else None
+        # A host toolkit reads /etc/nvidia-container-runtime/config.toml; under a prefix the script
+        # names the prefixed one (as NVIDIA_CTK_CONFIG_FILE_PATH does), with prefix "" it is plain.
+        s.write(s.hp(f"/usr/bin/{name}"), _runtime_script(target, s.toolkit_config if prefix else None), 0o755)
+    if kind == "n1-117":
+        ctd["runtimes"]["nvidia"] = nvidia_table(s.binary)  # type: ignore[index]
+        ctd["default_runtime_name"] = "nvidia"
+        s.write(s.conf, tomlkit.dumps(doc))
+        return s
+    # n1-118: the main file is left as it was, plus `imports`; the drop-in copies the CRI section.
+    main = tomlkit.parse(base_text)
+    arr = tomlkit.array()
+    arr.append(s.hp("/etc/containerd/conf.d/*.toml"))
+    main["imports"] = arr
+    s.write(s.conf, tomlkit.dumps(main))
+    ctd["runtimes"]["nvidia"] = nvidia_table(s.binary)  # type: ignore[index]
+    drop = tomlkit.document()
+    drop["version"] = 2
+    plugins = tomlkit.table(is_super_table=True)
+    plugins[CRI] = cri
+    drop["plugins"] = plugins
+    s.write(s.hp("/etc/containerd/conf.d/99-nvidia.toml"), tomlkit.dumps(drop))
+    return s

@@ -73,6 +73,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             str(c.config),
             "--python",
             python,
+            "--without-nvidia-runtime",  # the GPU-less module below; test_shape_* go through the NVIDIA stand-in
         ],
         capture_output=True,
         text=True,
