@@ -35,3 +35,20 @@ $(FG_OUT)/fakegpu-ctl: $(FG_SRC)/ctl.c $(FG_CORE) $(FG_HDRS) tests/fakegpu/build
 # finds (LD_LIBRARY_PATH=build/fakegpu for the simulator, the real driver on a GPU node).
 $(FG_OUT)/fakegpu-burn: $(FG_SRC)/burn.c $(FG_OUT)/libcuda.so tests/fakegpu/build.mk | $(FG_OUT)
 	$(CC) $(CFLAGS_PROG) -o $@ $(FG_SRC)/burn.c -L$(FG_OUT) -lcuda
+
+# The simulated NVIDIA container toolkit (tests/fakegpu/toolkit, standard-library Python run by
+# the system python3): nvidia-container-runtime (+ .legacy, .cdi: the mode forced by the name),
+# nvidia-container-runtime-hook, fakegpu-cdi.  docs/fakegpu.md "The simulated container toolkit".
+FG_TK_SRC := tests/fakegpu/toolkit
+FG_TK     := nvidia-container-runtime nvidia-container-runtime-hook fakegpu-cdi
+ALL_TARGETS += $(addprefix $(FG_OUT)/,$(FG_TK) fgtoolkit.py nvidia-container-runtime.legacy \
+               nvidia-container-runtime.cdi)
+
+$(FG_OUT)/fgtoolkit.py: $(FG_TK_SRC)/fgtoolkit.py | $(FG_OUT)
+	install -m 0644 $< $@
+
+$(addprefix $(FG_OUT)/,$(FG_TK)): $(FG_OUT)/%: $(FG_TK_SRC)/% | $(FG_OUT)
+	install -m 0755 $< $@
+
+$(FG_OUT)/nvidia-container-runtime.legacy $(FG_OUT)/nvidia-container-runtime.cdi: $(FG_OUT)/nvidia-container-runtime
+	ln -sf nvidia-container-runtime $@

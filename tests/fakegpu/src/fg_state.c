@@ -32,7 +32,7 @@ static uint64_t realtime_ns(void)
 
 const char *fg_state_path(void)
 {
-    const char *p = getenv("FAKEGPU_STATE");
+    const char *p = fg_env("FAKEGPU_STATE");
     return (p && *p) ? p : "/tmp/fakegpu.state";
 }
 
@@ -194,7 +194,7 @@ static void init_state(struct fg_state *st, const struct fg_config *c)
 static int load_config(struct fg_config *c, int quiet)
 {
     char err[256];
-    if (fg_config_load(getenv("FAKEGPU_CONFIG"), c, err, sizeof(err)) != 0) {
+    if (fg_config_load(fg_env("FAKEGPU_CONFIG"), c, err, sizeof(err)) != 0) {
         if (!quiet)
             fprintf(stderr, "fakegpu: config: %s\n", err);
         return -1;
@@ -211,7 +211,7 @@ int fg_open(int quiet)
     }
     const char *path = fg_state_path();
     /* The default path lives in /tmp: refuse to follow a symlink someone else planted there. */
-    int flags = O_RDWR | O_CREAT | O_CLOEXEC | (getenv("FAKEGPU_STATE") ? 0 : O_NOFOLLOW);
+    int flags = O_RDWR | O_CREAT | O_CLOEXEC | (fg_env("FAKEGPU_STATE") ? 0 : O_NOFOLLOW);
     int fd = open(path, flags, 0666);
     if (fd < 0) {
         if (!quiet)

@@ -232,6 +232,7 @@ int64_t fg_ts_us(const struct fg_state *st, uint64_t mono_ns);
 
 /* fg_visible.c: FAKEGPU_VISIBLE_DEVICES -> state indices; returns the count. */
 int fg_visible_map(const struct fg_state *st, int map[FG_MAX_DEV]);
+const char *fg_env(const char *name); /* getenv, else the driver file (fg_visible.c) */
 
 /* fg_pid.c: pid namespaces. */
 #define FG_PIDNS_INIT 0xEFFFFFFCULL /* PROC_PID_INIT_INO: the initial pid namespace */
