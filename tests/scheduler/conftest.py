@@ -1,0 +1,15 @@
+"""Fixtures of the scheduler suite: `kubeapi` (the API stand-in, tests/support/kubeapi.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.kubeapi import KubeAPI
+
+
+@pytest.fixture
+def kubeapi() -> Iterator[KubeAPI]:
+    with KubeAPI() as api:
+        yield api

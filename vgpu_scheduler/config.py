@@ -1,0 +1,43 @@
+"""The scheduler's configuration (flags of `vgpu-scheduler`; one msgspec schema)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from vgpu.scheduling import DEFAULT_STALE_AFTER_S, RESOURCE_GPU
+
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+Policy = Annotated[str, msgspec.Meta(pattern="^(binpack|spread)$")]
+
+
+class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    scheduler_name: str = "vgpu-scheduler"  # the kube-scheduler profile the webhook sends vGPU pods to
+    # The webhook replaces an empty or "default-scheduler" schedulerName; any other name is the
+    # user's choice and is left alone (HAMi #1162).
+    overwrite_default_scheduler: bool = True
+    node_policy: Policy = "binpack"
+    gpu_policy: Policy = "spread"
+    # Defaults for a container that gives only nvidia.com/gpu: 0 / -1 mean "the GPU's 1/K slice"
+    # (memory_schedulable / split_count, cores / split_count), so existing pods keep their meaning.
+    default_gpumem_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
+    default_gpucores: Annotated[int, msgspec.Meta(ge=-1, le=100)] = -1
+    # The webhook adds nvidia.com/gpu: this many when only gpumem/gpumem-percentage/gpucores is given.
+    default_gpu_count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    resource_name: str = RESOURCE_GPU
+    stale_after_s: PositiveFloat = DEFAULT_STALE_AFTER_S
+    node_label_selector: str = ""  # only these Nodes are considered (label selector syntax)
+    conflict_retries: Annotated[int, msgspec.Meta(ge=0)] = 5  # API 409s retried per filter/bind
+    api_timeout_s: PositiveFloat = 10.0
+    # A filter whose ExtenderArgs carry full Nodes (nodeCacheCapable: false) decides on the Node
+    # objects given; with simulate_full_nodes it writes nothing (cluster-autoscaler's simulations).
+    simulate_full_nodes: bool = False
+    # Leader election (coordination.k8s.io/v1 Lease).
+    leader_elect: bool = False
+    lease_namespace: str = "kube-system"
+    lease_name: str = "vgpu-scheduler"
+    lease_duration_s: PositiveFloat = 15.0
+    renew_deadline_s: PositiveFloat = 10.0
+    retry_period_s: PositiveFloat = 2.0
+    identity: str = ""  # default: host name + pid

@@ -1,0 +1,207 @@
+"""Filter and score (pure): which nodes can take a pod, which exact GPUs each container gets.
+
+Per container: `count` distinct GPUs, each with room for the asked memory and cores and a free
+vGPU slot, allowed by the pod's type/UUID include/exclude lists, all on one NUMA node when
+`numa-bind` is true. App containers of one pod accumulate on a GPU; each init container only
+has to fit next to the other pods (it runs alone, before the app containers). GPUs are
+ordered by the GPU policy (binpack: the most used first; spread: the least used first), nodes
+by the node policy on their usage after the placement. Whole-GPU compute (cores >= the GPU's
+cores) needs a GPU no other container uses; a 0 % compute request cannot go onto a GPU whose
+compute is fully given away (HAMi's rules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vgpu import scheduling as sc
+from vgpu_scheduler.config import SchedulerConfig
+from vgpu_scheduler.requests import ContainerRequest, PodOptions
+from vgpu_scheduler.snapshot import GPU, NodeView, Use, decision_usage
+
+MiB = 1 << 20
+MAX_REASONS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    containers: list[sc.ContainerDecision]
+    score: float  # 0..10, the node's usage fraction after placement x 10
+    preference: float  # 0..10, higher is better under the pod's node policy
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    node: str
+    reason: str
+    unresolvable: bool  # no preemption can help (no inventory, plugin dead, too few GPUs)
+
+
+@dataclass(slots=True)
+class Choice:
+    best: Placement | None = None
+    placements: dict[str, Placement] = field(default_factory=dict)
+    failures: dict[str, Failure] = field(default_factory=dict)
+
+
+def asked(req: ContainerRequest, gpu: GPU, cfg: SchedulerConfig) -> tuple[int, int]:
+    """(memory bytes, cores percent) the container asks of this GPU."""
+    if req.mem_mib is not None:
+        mem = req.mem_mib * MiB
+    elif req.mem_pct is not None:
+        mem = gpu.memory * req.mem_pct // 100
+    elif cfg.default_gpumem_mib > 0:
+        mem = cfg.default_gpumem_mib * MiB
+    else:
+        mem = gpu.memory // gpu.slots
+    if req.cores is not None:
+        cores = req.cores
+    elif cfg.default_gpucores >= 0:
+        cores = cfg.default_gpucores
+    else:
+        cores = gpu.cores // gpu.slots
+    return mem, cores
+
+
+def _allowed(gpu: GPU, opts: PodOptions) -> str:
+    if not gpu.healthy:
+        return f"{gpu.uuid}: unhealthy"
+    model = gpu.model.lower()
+    if opts.use_types and not any(t in model for t in opts.use_types):
+        return f"{gpu.uuid}: type {gpu.model} not in use-gputype"
+    if opts.nouse_types and any(t in model for t in opts.nouse_types):
+        return f"{gpu.uuid}: type {gpu.model} excluded by nouse-gputype"
+    if opts.use_uuids and gpu.uuid not in opts.use_uuids:
+        return f"{gpu.uuid}: not in use-gpuuuid"
+    if gpu.uuid in opts.nouse_uuids:
+        return f"{gpu.uuid}: excluded by nouse-gpuuuid"
+    return ""
+
+
+def _room(gpu: GPU, u: Use, mem: int, cores: int) -> str:
+    if u.slots >= gpu.slots:
+        return f"{gpu.uuid}: {u.slots}/{gpu.slots} vGPU slots used"
+    free = gpu.memory - u.memory
+    if free < mem:
+        return f"{gpu.uuid}: {max(free, 0) // MiB} MiB free < {mem // MiB} MiB asked"
+    free_c = gpu.cores - u.cores
+    if free_c < cores:
+        return f"{gpu.uuid}: {max(free_c, 0)}% compute free < {cores}% asked"
+    if cores >= gpu.cores and u.slots > 0:
+        return f"{gpu.uuid}: whole-GPU compute asked, GPU shared by {u.slots} container(s)"
+    if cores == 0 and u.cores >= gpu.cores:
+        return f"{gpu.uuid}: compute fully allocated"
+    return ""
+
+
+def _fraction(gpu: GPU, u: Use, mem: int, cores: int) -> float:
+    f = (u.slots + 1) / gpu.slots + (u.memory + mem) / max(gpu.memory, 1)
+    f += (u.cores + cores) / gpu.cores if gpu.cores else 1.0
+    return f / 3
+
+
+def _pick(cands: list[tuple[float, GPU]], count: int, policy: str, numa_bind: bool) -> tuple[list[GPU] | None, str]:
+    """`count` GPUs from (fraction, gpu) candidates by policy; with numa_bind all on one NUMA node."""
+    binpack = policy == sc.POLICY_BINPACK
+    cands.sort(key=lambda t: (-t[0] if binpack else t[0], t[1].index))
+    if not numa_bind or count == 1:
+        return ([g for _, g in cands[:count]], "") if len(cands) >= count else (None, "")
+    groups: dict[int, list[tuple[float, GPU]]] = {}
+    for t in cands:
+        if t[1].numa >= 0:
+            groups.setdefault(t[1].numa, []).append(t)
+    best: tuple[float, list[GPU]] | None = None
+    for _numa, members in sorted(groups.items()):
+        if len(members) < count:
+            continue
+        chosen = members[:count]
+        s = sum(f for f, _ in chosen) / count
+        key = s if binpack else -s
+        if best is None or key > best[0]:
+            best = (key, [g for _, g in chosen])
+    if best is None:
+        sizes = ", ".join(f"NUMA {n}: {len(m)}" for n, m in sorted(groups.items())) or "no GPU with a known NUMA node"
+        return None, f"numa-bind: no NUMA node has {count} fitting GPUs ({sizes})"
+    return best[1], ""
+
+
+def fit_node(
+    view: NodeView, used: dict[str, Use], reqs: list[ContainerRequest], opts: PodOptions, cfg: SchedulerConfig
+) -> Placement | Failure:
+    """Place every container of the pod on this node, or say why not (pure)."""
+    if view.problem:
+        return Failure(view.name, view.problem, True)
+    most = max(r.count for r in reqs)
+    if most > len(view.gpus):
+        return Failure(view.name, f"node has {len(view.gpus)} GPU(s) < {most} asked by one container", True)
+    zero = Use()
+    tent: dict[str, Use] = {}  # the pod's own app containers so far
+    decided: list[sc.ContainerDecision] = []
+    for req in reqs:
+        reasons: list[str] = []
+        cands: list[tuple[float, GPU]] = []
+        for gpu in view.gpus:
+            why = _allowed(gpu, opts)
+            if why:
+                reasons.append(why)
+                continue
+            mem, cores = asked(req, gpu, cfg)
+            base = used.get(gpu.uuid, zero)
+            if not req.init and gpu.uuid in tent:
+                t = tent[gpu.uuid]
+                u = Use(base.memory + t.memory, base.cores + t.cores, base.slots + t.slots)
+            else:
+                u = base
+            why = _room(gpu, u, mem, cores)
+            if why:
+                reasons.append(why)
+                continue
+            cands.append((_fraction(gpu, u, mem, cores), gpu))
+        n_fit = len(cands)
+        chosen, why = _pick(cands, req.count, opts.gpu_policy, opts.numa_bind)
+        if chosen is None:
+            head = f"container {req.name}: {n_fit}/{len(view.gpus)} GPUs fit, {req.count} asked"
+            if why:
+                reasons.insert(0, why)
+            more = f"; +{len(reasons) - MAX_REASONS} more" if len(reasons) > MAX_REASONS else ""
+            return Failure(view.name, head + (": " + "; ".join(reasons[:MAX_REASONS]) if reasons else "") + more, False)
+        gpus = []
+        for gpu in chosen:
+            mem, cores = asked(req, gpu, cfg)
+            gpus.append(sc.GPUAssignment(uuid=gpu.uuid, memory=mem, cores=cores))
+            if not req.init:
+                tent.setdefault(gpu.uuid, Use()).add(Use(mem, cores, 1))
+        decided.append(sc.ContainerDecision(name=req.name, init=req.init, gpus=gpus))
+    # Node score: its usage fraction (memory, cores, slots) after the placement.
+    mine = decision_usage(sc.Decision(node=view.name, time=0.0, containers=decided))
+    tm = tc = ts = 0
+    um = uc = us = 0
+    for gpu in view.gpus:
+        tm, tc, ts = tm + gpu.memory, tc + gpu.cores, ts + gpu.slots
+        b, m = used.get(gpu.uuid, zero), mine.get(gpu.uuid, zero)
+        um, uc, us = um + b.memory + m.memory, uc + b.cores + m.cores, us + b.slots + m.slots
+    score = 10 * (um / max(tm, 1) + (uc / tc if tc else 1.0) + us / max(ts, 1)) / 3
+    pref = score if opts.node_policy == sc.POLICY_BINPACK else 10 - score
+    return Placement(view.name, decided, score, pref)
+
+
+def choose(
+    views: list[NodeView],
+    usage: dict[str, dict[str, Use]],
+    reqs: list[ContainerRequest],
+    opts: PodOptions,
+    cfg: SchedulerConfig,
+) -> Choice:
+    """Fit the pod on every node; the best placement by node policy (ties: node name)."""
+    out = Choice()
+    empty: dict[str, Use] = {}
+    for v in views:
+        r = fit_node(v, usage.get(v.name, empty), reqs, opts, cfg)
+        if isinstance(r, Failure):
+            out.failures[v.name] = r
+        else:
+            out.placements[v.name] = r
+            if out.best is None or (r.preference, out.best.node) > (out.best.preference, r.node):
+                out.best = r
+    return out

@@ -1,0 +1,205 @@
+"""The cluster as the scheduler sees it (pure): what each node offers and what each pod uses.
+
+- A node offers its inventory's healthy GPUs, or nothing (with the reason) when the inventory is
+  missing, invalid or stale (heartbeat older than stale_after_s), or when its allocatable
+  vGPU resource is 0 (the device plugin died or deregistered).
+- A pod uses what its decision annotation says (the single source of truth) while it is not
+  terminated: Succeeded/Failed pods release; terminating pods (deletionTimestamp set) keep
+  their usage until they are gone, since their processes may still hold GPU memory.
+- A pod's effective usage of one GPU is, per dimension (memory, cores, vGPU slots), the larger
+  of any single init container's and the sum of its app containers' — init containers run one
+  at a time before the app containers (Kubernetes' effective-request rule), and the kubelet's
+  device manager reuses init containers' devices for the app containers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu import scheduling as sc
+
+log = logging.getLogger(__name__)
+
+TERMINATED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    uuid: str
+    index: int
+    model: str
+    numa: int
+    memory: int  # schedulable bytes
+    cores: int  # percent (100 x cores_scaling)
+    slots: int  # vGPU slots (split count)
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    gpus: tuple[GPU, ...] = ()
+    problem: str = ""  # why the node offers no GPUs ("" when it offers its gpus)
+    heartbeat: float = 0.0
+
+
+@dataclass(slots=True)
+class Use:
+    memory: int = 0
+    cores: int = 0
+    slots: int = 0
+
+    def add(self, o: Use, sign: int = 1) -> None:
+        self.memory += sign * o.memory
+        self.cores += sign * o.cores
+        self.slots += sign * o.slots
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What the scheduler keeps of a Node object: the parsed inventory and its allocatable slots."""
+
+    name: str
+    inventory: sc.NodeInventory | None
+    error: str  # why the inventory could not be used ("" when it parsed)
+    allocatable: int  # allocatable vGPU resource; -1 when the Node does not list it
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo:
+    meta = node.get("metadata") or {}
+    name = meta.get("name") or ""
+    text = (meta.get("annotations") or {}).get(sc.INVENTORY_ANNOTATION)
+    inv: sc.NodeInventory | None = None
+    err = ""
+    if text is None:
+        err = "no vGPU inventory (device plugin not running?)"
+    else:
+        try:
+            inv = sc.decode_inventory(text)
+        except sc.ContractError as e:
+            err = f"invalid inventory: {e}"
+    alloc_text = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    try:
+        alloc = int(str(alloc_text)) if alloc_text is not None else -1
+    except ValueError:
+        alloc = 0
+    return NodeInfo(name, inv, err, alloc, dict(meta.get("labels") or {}))
+
+
+def node_view(info: NodeInfo, now: float, stale_after_s: float) -> NodeView:
+    """The GPUs a node offers now (pure)."""
+    inv = info.inventory
+    if inv is None:
+        return NodeView(info.name, problem=info.error)
+    if info.allocatable == 0:
+        return NodeView(info.name, problem="device plugin not registered (allocatable vGPU resource is 0)")
+    age = now - inv.heartbeat
+    if age > stale_after_s:
+        return NodeView(info.name, problem=f"vGPU inventory stale (heartbeat {age:.0f} s old > {stale_after_s:.0f} s)")
+    gpus = tuple(
+        GPU(g.uuid, g.index, g.model, g.numa, g.memory_schedulable, g.cores, g.split_count, g.health)
+        for g in sorted(inv.gpus, key=lambda g: g.index)
+    )
+    if not gpus:
+        return NodeView(info.name, problem="inventory lists no GPUs", heartbeat=inv.heartbeat)
+    return NodeView(info.name, gpus, heartbeat=inv.heartbeat)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRec:
+    """What the scheduler keeps of a Pod: identity, phase, and its decision."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str  # spec.nodeName ("" while unbound)
+    phase: str
+    deleting: bool
+    decision: sc.Decision | None
+    resource_version: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_rec(pod: dict[str, Any]) -> PodRec:
+    meta = pod.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION)
+    dec: sc.Decision | None = None
+    if text:
+        try:
+            dec = sc.decode_decision(text)
+        except sc.ContractError as e:
+            log.warning("pod %s/%s: ignoring its decision: %s", meta.get("namespace"), meta.get("name"), e)
+    return PodRec(
+        uid=meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}",
+        namespace=meta.get("namespace") or "",
+        name=meta.get("name") or "",
+        node=(pod.get("spec") or {}).get("nodeName") or "",
+        phase=(pod.get("status") or {}).get("phase") or "",
+        deleting=bool(meta.get("deletionTimestamp")),
+        decision=dec,
+        resource_version=meta.get("resourceVersion") or "",
+    )
+
+
+def decision_usage(d: sc.Decision) -> dict[str, Use]:
+    """A decision's effective usage per GPU UUID: max(any init container, sum of app containers)."""
+    apps: dict[str, Use] = {}
+    inits: dict[str, Use] = {}
+    for c in d.containers:
+        for g in c.gpus:
+            if c.init:
+                u = inits.setdefault(g.uuid, Use())
+                u.memory, u.cores, u.slots = max(u.memory, g.memory), max(u.cores, g.cores), max(u.slots, 1)
+            else:
+                apps.setdefault(g.uuid, Use()).add(Use(g.memory, g.cores, 1))
+    out: dict[str, Use] = {}
+    for uuid in apps.keys() | inits.keys():
+        a, i = apps.get(uuid, Use()), inits.get(uuid, Use())
+        out[uuid] = Use(max(a.memory, i.memory), max(a.cores, i.cores), max(a.slots, i.slots))
+    return out
+
+
+def counts(p: PodRec) -> str:
+    """The node a pod's decision holds GPUs on, or "" when it holds none."""
+    if p.decision is None or p.phase in TERMINATED:
+        return ""
+    if p.node and p.node != p.decision.node:
+        return ""  # bound elsewhere by someone else: the decision was never honoured
+    return p.decision.node
+
+
+Usage = dict[str, dict[str, Use]]  # node -> GPU UUID -> used
+
+
+def add_pod(usage: Usage, p: PodRec, sign: int = 1) -> None:
+    node = counts(p)
+    if not node:
+        return
+    assert p.decision is not None
+    per = usage.setdefault(node, {})
+    for uuid, u in decision_usage(p.decision).items():
+        per.setdefault(uuid, Use()).add(u, sign)
+
+
+def usage_of(pods: list[PodRec]) -> Usage:
+    """Usage recomputed from scratch (what the incremental accounting must always equal)."""
+    usage: Usage = {}
+    for p in pods:
+        add_pod(usage, p)
+    return usage
+
+
+def drift_bytes(a: Usage, b: Usage) -> int:
+    """Sum over GPUs of |memory difference| between two usages (0 when they agree)."""
+    total = 0
+    for node in a.keys() | b.keys():
+        x, y = a.get(node, {}), b.get(node, {})
+        for uuid in x.keys() | y.keys():
+            total += abs(x.get(uuid, Use()).memory - y.get(uuid, Use()).memory)
+    return total
