@@ -109,9 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config", default=None, help="node config (default $VGPU_CONFIG, else /etc/vgpu/config.toml)")
     s.add_argument("--state-dir", default=None, help="overrides common.state_dir")
     s.add_argument("--json", action="store_true", help="print the monitor's raw status")
+    c = sub.add_parser("cluster", help="vGPU nodes, GPUs, allocated/free memory and cores, pods per GPU (API server)")
+    c.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config, in-cluster)")
+    c.add_argument("--context", default=None, help="kubeconfig context")
+    c.add_argument("--stale-after-s", type=float, default=120.0, help="inventory heartbeat age that marks a node stale")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
     a = p.parse_args(argv)
     if a.cmd == "status":
         return cmd_status(a)
+    if a.cmd == "cluster":
+        from vgpu import cluster  # the kubernetes client is imported only for this command
+
+        rc, text = cluster.run(a.kubeconfig, a.context, a.json, a.stale_after_s)
+        (sys.stdout if rc == 0 else sys.stderr).write(text)
+        return rc
     p.print_usage(sys.stderr)
     return 2
 

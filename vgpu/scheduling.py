@@ -170,3 +170,52 @@ def annotation(annotations: dict[str, str] | None, key: str) -> str | None:
         if alias in annotations:
             return annotations[alias]
     return None
+
+
+# --- usage (pure; shared by vgpuctl cluster, and the scheduler's accounting may delegate here) ---
+TERMINATED_PHASES = ("Succeeded", "Failed")
+
+
+class GPUUse(msgspec.Struct, kw_only=True):
+    """What pods hold of one GPU: memory bytes, compute percent, vGPU slots (containers)."""
+
+    memory: int = 0
+    cores: int = 0
+    slots: int = 0
+
+
+def decision_usage(d: Decision) -> dict[str, GPUUse]:
+    """One pod's effective usage per GPU UUID, from its decision alone.
+
+    Per dimension (memory, cores, slots) the larger of any single init container's and the sum of
+    the app containers': init containers run one at a time before the app containers (the
+    Kubernetes effective-request rule), and the kubelet reuses their devices for the app containers.
+    """
+    apps: dict[str, GPUUse] = {}
+    inits: dict[str, GPUUse] = {}
+    for c in d.containers:
+        for g in c.gpus:
+            if c.init:
+                u = inits.setdefault(g.uuid, GPUUse())
+                u.memory, u.cores, u.slots = max(u.memory, g.memory), max(u.cores, g.cores), max(u.slots, 1)
+            else:
+                a = apps.setdefault(g.uuid, GPUUse())
+                a.memory, a.cores, a.slots = a.memory + g.memory, a.cores + g.cores, a.slots + 1
+    out: dict[str, GPUUse] = {}
+    for uuid in apps.keys() | inits.keys():
+        a, i = apps.get(uuid, GPUUse()), inits.get(uuid, GPUUse())
+        out[uuid] = GPUUse(memory=max(a.memory, i.memory), cores=max(a.cores, i.cores), slots=max(a.slots, i.slots))
+    return out
+
+
+def holding_node(d: Decision | None, phase: str, bound_node: str) -> str:
+    """The node on which a pod's decision holds GPUs, or "" when it holds none.
+
+    Succeeded/Failed pods release; terminating pods keep (their processes may still hold GPU
+    memory); a pod bound to another node than its decision's never used the decided GPUs.
+    """
+    if d is None or phase in TERMINATED_PHASES:
+        return ""
+    if bound_node and bound_node != d.node:
+        return ""
+    return d.node

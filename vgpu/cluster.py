@@ -1,0 +1,256 @@
+"""`vgpuctl cluster`: the cluster's vGPU nodes, GPUs, allocated/free memory and cores, pods per GPU.
+
+Everything comes from the API server (kubeconfig or in-cluster service account): the Nodes'
+inventory annotations (what the device plugins offer) and the Pods' decision annotations (what
+vgpu-scheduler gave each container, the single source of truth of usage; the per-pod arithmetic
+is vgpu.scheduling.decision_usage / holding_node, shared with the scheduler). `view()` is pure;
+`fetch()` does the two list calls; `render()` formats the text table.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import msgspec
+
+from vgpu import scheduling as sc
+
+MiB = 1 << 20
+
+
+class PodOnGPU(msgspec.Struct, kw_only=True):
+    namespace: str
+    name: str
+    containers: list[str]
+    memory: int  # bytes (effective usage of this pod on this GPU)
+    cores: int  # percent
+    phase: str
+    terminating: bool = False
+
+
+class GPURow(msgspec.Struct, kw_only=True):
+    uuid: str
+    index: int
+    model: str
+    healthy: bool
+    numa: int
+    memory: int  # schedulable bytes
+    memory_allocated: int
+    memory_free: int
+    cores: int
+    cores_allocated: int
+    cores_free: int
+    slots: int
+    slots_allocated: int
+    pods: list[PodOnGPU] = msgspec.field(default_factory=list)
+
+
+class NodeRow(msgspec.Struct, kw_only=True):
+    name: str
+    problem: str = ""  # why the node offers no GPUs to the scheduler ("" when it does)
+    heartbeat_age_s: float | None = None
+    split_count: int = 0
+    allocatable: int = -1  # allocatable vGPU resource; -1 when not listed
+    gpus: list[GPURow] = msgspec.field(default_factory=list)
+    unknown_gpus: list[str] = msgspec.field(default_factory=list)  # decided UUIDs absent from the inventory
+
+
+class ClusterView(msgspec.Struct, kw_only=True):
+    time: float
+    nodes: list[NodeRow]
+    pending: int = 0  # pods with a decision, not yet bound
+
+
+def _allocatable(node: dict[str, Any], resource: str) -> int:
+    text = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    if text is None:
+        return -1
+    try:
+        return int(str(text))
+    except ValueError:
+        return 0
+
+
+def view(
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    now: float,
+    stale_after_s: float = sc.DEFAULT_STALE_AFTER_S,
+    resource: str = sc.RESOURCE_GPU,
+) -> ClusterView:
+    """The cluster view from Node and Pod objects (as the API returns them). Only nodes with an
+    inventory annotation, or holding decided pods, are listed."""
+    rows: dict[str, NodeRow] = {}
+    gpu_rows: dict[tuple[str, str], GPURow] = {}
+    for n in sorted(nodes, key=lambda n: (n.get("metadata") or {}).get("name") or ""):
+        meta = n.get("metadata") or {}
+        name = meta.get("name") or ""
+        text = (meta.get("annotations") or {}).get(sc.INVENTORY_ANNOTATION)
+        if text is None:
+            continue
+        row = NodeRow(name=name, allocatable=_allocatable(n, resource))
+        rows[name] = row
+        try:
+            inv = sc.decode_inventory(text)
+        except sc.ContractError as e:
+            row.problem = f"invalid inventory: {e}"
+            continue
+        row.split_count = inv.split_count
+        row.heartbeat_age_s = round(now - inv.heartbeat, 1)
+        if row.allocatable == 0:
+            row.problem = "device plugin not registered (allocatable vGPU resource is 0)"
+        elif now - inv.heartbeat > stale_after_s:
+            row.problem = f"inventory stale (heartbeat {now - inv.heartbeat:.0f} s old)"
+        for g in sorted(inv.gpus, key=lambda g: g.index):
+            gr = GPURow(
+                uuid=g.uuid,
+                index=g.index,
+                model=g.model,
+                healthy=g.health,
+                numa=g.numa,
+                memory=g.memory_schedulable,
+                memory_allocated=0,
+                memory_free=g.memory_schedulable,
+                cores=g.cores,
+                cores_allocated=0,
+                cores_free=g.cores,
+                slots=g.split_count,
+                slots_allocated=0,
+            )
+            row.gpus.append(gr)
+            gpu_rows[(name, g.uuid)] = gr
+    pending = 0
+    for p in pods:
+        meta = p.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION)
+        if not text:
+            continue
+        try:
+            d = sc.decode_decision(text)
+        except sc.ContractError:
+            continue
+        phase = (p.get("status") or {}).get("phase") or ""
+        bound = (p.get("spec") or {}).get("nodeName") or ""
+        node = sc.holding_node(d, phase, bound)
+        if not node:
+            continue
+        if not bound:
+            pending += 1  # decided, reserved by the scheduler, not bound yet
+        row = rows.setdefault(node, NodeRow(name=node, problem="no vGPU inventory"))
+        for uuid, use in sorted(sc.decision_usage(d).items()):
+            held = gpu_rows.get((node, uuid))
+            if held is None:
+                if uuid not in row.unknown_gpus:
+                    row.unknown_gpus.append(uuid)
+                continue
+            gr = held
+            gr.memory_allocated += use.memory
+            gr.cores_allocated += use.cores
+            gr.slots_allocated += use.slots
+            gr.pods.append(
+                PodOnGPU(
+                    namespace=meta.get("namespace") or "",
+                    name=meta.get("name") or "",
+                    containers=[c.name for c in d.containers if any(g.uuid == uuid for g in c.gpus)],
+                    memory=use.memory,
+                    cores=use.cores,
+                    phase=phase,
+                    terminating=bool(meta.get("deletionTimestamp")),
+                )
+            )
+    for gr in gpu_rows.values():
+        gr.memory_free = max(0, gr.memory - gr.memory_allocated)
+        gr.cores_free = max(0, gr.cores - gr.cores_allocated)
+        gr.pods.sort(key=lambda p: (p.namespace, p.name))
+    return ClusterView(time=now, nodes=[rows[k] for k in sorted(rows)], pending=pending)
+
+
+def _mib(n: int) -> str:
+    return f"{n // MiB}"
+
+
+def render(v: ClusterView) -> str:
+    if not v.nodes:
+        return "no vGPU nodes (no Node has the vgpu.k8s.io/node-inventory annotation)\n"
+    lines: list[str] = []
+    for n in v.nodes:
+        hb = "" if n.heartbeat_age_s is None else f", heartbeat {n.heartbeat_age_s:.0f}s ago"
+        state = f"  NOT OFFERED: {n.problem}" if n.problem else ""
+        lines.append(f"NODE {n.name} ({len(n.gpus)} GPUs, split {n.split_count}{hb}){state}")
+        if n.gpus:
+            lines.append(
+                f"  {'GPU':<4} {'UUID':<42} {'MODEL':<22} {'MEM ALLOC/TOTAL MiB':<21} {'FREE MiB':<9} "
+                f"{'CORES ALLOC/TOTAL':<18} {'SLOTS':<6} PODS"
+            )
+        for g in n.gpus:
+            health = "" if g.healthy else " (unhealthy)"
+            lines.append(
+                f"  {g.index:<4} {g.uuid:<42.42} {g.model:<22.22} "
+                f"{_mib(g.memory_allocated) + '/' + _mib(g.memory):<21} {_mib(g.memory_free):<9} "
+                f"{f'{g.cores_allocated}/{g.cores}':<18} {f'{g.slots_allocated}/{g.slots}':<6} {len(g.pods)}{health}"
+            )
+            for p in g.pods:
+                flag = " terminating" if p.terminating else ""
+                lines.append(
+                    f"       {p.namespace}/{p.name} [{','.join(p.containers)}] "
+                    f"{_mib(p.memory)} MiB {p.cores}% {p.phase or '-'}{flag}"
+                )
+        for u in n.unknown_gpus:
+            lines.append(f"  decided GPU {u} is not in the node's inventory")
+    if v.pending:
+        lines.append(f"{v.pending} decided pod(s) not bound yet (counted on their nodes)")
+    return "\n".join(lines) + "\n"
+
+
+class ClusterUnavailable(RuntimeError):
+    pass
+
+
+def load_api(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A kubernetes CoreV1Api from a kubeconfig (given, $KUBECONFIG, ~/.kube/config) or in-cluster."""
+    from kubernetes import client, config  # slow import: only for this command
+
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    files = [p for p in path.split(os.pathsep) if p and os.path.isfile(p)]
+    try:
+        if files:
+            api_client = config.new_client_from_config(config_file=files[0], context=context)
+            return client.CoreV1Api(api_client)
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+            return client.CoreV1Api()
+    except Exception as e:  # ConfigException, unreadable or invalid kubeconfig
+        raise ClusterUnavailable(f"kubernetes client configuration: {e}") from None
+    raise ClusterUnavailable(f"no kubeconfig at {path} and not running in a cluster")
+
+
+class _List(msgspec.Struct):
+    items: list[dict[str, Any]] | None = None
+
+
+def fetch(api: Any, timeout: float = 30.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(nodes, pods) from the API server; ClusterUnavailable naming the call on any error."""
+    out = []
+    for what, call in (("nodes", api.list_node), ("pods", api.list_pod_for_all_namespaces)):
+        try:
+            resp = call(_request_timeout=timeout, _preload_content=False)
+            out.append(msgspec.json.decode(resp.data, type=_List).items or [])
+        except Exception as e:
+            status = getattr(e, "status", None)
+            why = f"HTTP {status} {getattr(e, 'reason', '')}".strip() if status else (str(e).splitlines() or [""])[0]
+            raise ClusterUnavailable(f"cannot list {what}: {why[:200]}") from None
+    return out[0], out[1]
+
+
+def run(kubeconfig: str | None, context: str | None, as_json: bool, stale_after_s: float) -> tuple[int, str]:
+    """(exit status, text to print) of `vgpuctl cluster`."""
+    try:
+        nodes, pods = fetch(load_api(kubeconfig, context))
+    except ClusterUnavailable as e:
+        return 1, f"vgpuctl: {e}\n"
+    v = view(nodes, pods, time.time(), stale_after_s)
+    if as_json:
+        return 0, msgspec.json.format(msgspec.json.encode(v), indent=2).decode() + "\n"
+    return 0, render(v)
