@@ -1,0 +1,227 @@
+"""The extender over HTTP, driven by the kube-scheduler stand-in and the API stand-in."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+from tests.scheduler.helpers import GiB, MiB, decision_of, gpu_node, running_scheduler, uuid, vgpu_pod
+from tests.support.kubeapi import KubeAPI, pod_object
+from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
+from vgpu import scheduling as sc
+from vgpu_scheduler.config import SchedulerConfig
+
+
+def post(url: str, body: Any) -> Any:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+        return json.loads(r.read())
+
+
+def events(api: KubeAPI, pod: str) -> list[str]:
+    return [e["message"] for e in api.objects("events") if e["involvedObject"]["name"] == pod]
+
+
+def test_filter_wire_format_node_names(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("small", n=1, mem_gib=16))
+    kubeapi.create("nodes", gpu_node("big", n=2, mem_gib=80))
+    pod = kubeapi.create("pods", vgpu_pod("p", mem=30000, cores=30))
+    with running_scheduler(kubeapi) as s:
+        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["small", "big", "ghost"]})
+        assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+        assert out["NodeNames"] == ["big"] and out["Nodes"] is None and out["Error"] == ""
+        assert out["FailedNodes"] == {
+            "small": f"container main: 0/1 GPUs fit, 1 asked: {uuid('small', 0)}: 16384 MiB free < 30000 MiB asked"
+        }
+        assert out["FailedAndUnresolvableNodes"] == {"ghost": "node unknown to vgpu-scheduler"}
+        d = decision_of(kubeapi, "p")
+        assert d is not None and d.node == "big"
+        assert [(c.name, c.init, [(g.memory, g.cores) for g in c.gpus]) for c in d.containers] == [
+            ("main", False, [(30000 * MiB, 30)])
+        ]
+        # the write was conditional on the pod's resourceVersion: a merge patch carrying it
+        patches = [r for r in kubeapi.requests if r[0] == "PATCH" and "/pods/p" in r[1]]
+        assert patches and "merge-patch+json" in patches[0][2]
+
+
+def test_filter_with_full_nodes_answers_nodes(kubeapi: KubeAPI) -> None:
+    """nodeCacheCapable: false — full Node objects in, a NodeList out; the given objects decide."""
+    n1, n2 = gpu_node("a", n=1, mem_gib=8), gpu_node("b", n=1, mem_gib=80)
+    pod = kubeapi.create("pods", vgpu_pod("p", mem=10000))
+    with running_scheduler(kubeapi) as s:  # neither node exists in the API: the request carries them
+        out = post(s.url + "/filter", {"Pod": pod, "Nodes": {"items": [n1, n2]}, "NodeNames": None})
+        assert out["NodeNames"] is None
+        assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["b"]
+        assert "8192 MiB free < 10000 MiB asked" in out["FailedNodes"]["a"]
+    with running_scheduler(kubeapi, SchedulerConfig(simulate_full_nodes=True)) as s:
+        pod2 = kubeapi.create("pods", vgpu_pod("q", mem=10000))
+        out = post(s.url + "/filter", {"Pod": pod2, "Nodes": {"items": [n1, n2]}, "NodeNames": None})
+        assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["b"]
+        assert decision_of(kubeapi, "q") is None  # a simulation writes nothing
+
+
+def test_pod_without_vgpu_passes_through(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("a"))
+    pod = kubeapi.create("pods", pod_object("plain", [("c", {"cpu": "1"})]))
+    with running_scheduler(kubeapi) as s:
+        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["a", "x"]})
+        assert out["NodeNames"] == ["a", "x"] and not out["FailedNodes"]
+        assert decision_of(kubeapi, "plain") is None
+
+
+def test_bad_bodies_answer_error_with_200(kubeapi: KubeAPI) -> None:
+    with running_scheduler(kubeapi) as s:
+        out = post(s.url + "/filter", {"NodeNames": ["a"]})
+        assert out["Error"].startswith("bad ExtenderArgs")
+        out = post(s.url + "/bind", {"PodName": 3})
+        assert out["Error"].startswith("bad ExtenderBindingArgs")
+        with urllib.request.urlopen(s.url + "/healthz", timeout=5) as r:
+            assert json.loads(r.read()) == {"status": "ok"}
+        with urllib.request.urlopen(s.url + "/readyz", timeout=5) as r:
+            assert json.loads(r.read())["ready"] is True
+
+
+def test_invalid_request_fails_every_node_with_the_reason(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("a"))
+    pod = kubeapi.create("pods", vgpu_pod("p", annotations={sc.GPU_POLICY_ANNOTATION: "random"}))
+    with running_scheduler(kubeapi) as s:
+        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["a"]})
+        assert out["NodeNames"] == []
+        assert "must be one of binpack, spread" in out["FailedAndUnresolvableNodes"]["a"]
+
+
+def test_full_cycle_filter_prioritize_bind(kubeapi: KubeAPI) -> None:
+    for n in ("n1", "n2", "n3"):
+        kubeapi.create("nodes", gpu_node(n, n=2))
+    with running_scheduler(kubeapi) as s:
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
+        kubeapi.create("pods", vgpu_pod("p", mem=8192, cores=30))
+        r = ks.schedule_one("default", "p")
+        assert r.status == "Scheduled", r.message
+        assert r.calls == ["filter", "prioritize", "bind"]
+        pod = kubeapi.get("pods", "p")
+        ann = pod["metadata"]["annotations"]
+        assert pod["spec"]["nodeName"] == r.node
+        assert ann[sc.BIND_PHASE_ANNOTATION] == sc.PHASE_ALLOCATING
+        assert int(ann[sc.BIND_TIME_ANNOTATION]) > 0
+        d = sc.decode_decision(ann[sc.DECISION_ANNOTATION])
+        assert d.node == r.node and d.containers[0].gpus[0].memory == 8192 * MiB
+        # binpack (the default node policy): the next pod goes to the same node
+        kubeapi.create("pods", vgpu_pod("q", mem=8192, cores=30))
+        assert ks.schedule_one("default", "q").node == r.node
+        # a pod with spread goes elsewhere
+        kubeapi.create("pods", vgpu_pod("s", mem=8192, annotations={"hami.io/node-scheduler-policy": "spread"}))
+        assert ks.schedule_one("default", "s").node != r.node
+
+
+def test_unschedulable_pod_gets_event_with_reasons(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("n1", n=1, mem_gib=16))
+    with running_scheduler(kubeapi) as s:
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
+        kubeapi.create("pods", vgpu_pod("big", mem=20000))
+        r = ks.schedule_one("default", "big")
+        assert r.status == "Unschedulable"
+        [msg] = events(kubeapi, "big")
+        assert msg.startswith("0/1 nodes are available:")
+        assert f"{uuid('n1', 0)}: 16384 MiB free < 20000 MiB asked" in msg
+
+
+def test_bind_without_decision_for_that_node_is_refused(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("n1"))
+    kubeapi.create("nodes", gpu_node("n2"))
+    pod = kubeapi.create("pods", vgpu_pod("p"))
+    with running_scheduler(kubeapi) as s:
+        out = post(
+            s.url + "/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
+        )
+        assert "no node" in out["Error"] and "filter again" in out["Error"]
+        f = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1", "n2"]})
+        other = ({"n1", "n2"} - set(f["NodeNames"])).pop()
+        out = post(
+            s.url + "/bind",
+            {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": other},
+        )
+        assert "not " + other in out["Error"]
+        assert not kubeapi.get("pods", "p")["spec"].get("nodeName")
+        out = post(
+            s.url + "/bind",
+            {"PodName": "p", "PodNamespace": "default", "PodUID": "other-uid", "Node": f["NodeNames"][0]},
+        )
+        assert "another UID" in out["Error"]
+
+
+def test_failed_binding_releases_the_decision(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("n1", n=1, split=1))
+    with running_scheduler(kubeapi) as s:
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
+        kubeapi.create("pods", vgpu_pod("p"))
+        kubeapi.fail_next("POST", r"/pods/p/binding$", 500)
+        r = ks.schedule_one("default", "p")
+        assert r.status == "Error" and "binding default/p" in r.message
+        assert decision_of(kubeapi, "p") is None
+        used = s.service.state.usage_copy().get("n1", {}).get(uuid("n1", 0))
+        assert used is None or used.slots == 0
+        # the only slot is free again: the retry schedules
+        r = ks.schedule_one("default", "p")
+        assert r.status == "Scheduled", r.message
+
+
+def test_conflicting_write_is_retried_on_a_fresh_pod(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("n1"))
+    pod = kubeapi.create("pods", vgpu_pod("p", mem=1024))
+    kubeapi.patch("pods", "p", {"metadata": {"labels": {"changed": "yes"}}})  # the caller's copy is now stale
+    with running_scheduler(kubeapi) as s:
+        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})
+        assert out["NodeNames"] == ["n1"], out
+    assert decision_of(kubeapi, "p") is not None
+    assert kubeapi.get("pods", "p")["metadata"]["labels"] == {"changed": "yes"}
+    statuses = [r for r in kubeapi.requests if r[0] == "PATCH"]
+    assert len(statuses) == 2  # one 409, one success after a re-read
+
+
+def test_ignorable_extender_down_and_timeouts(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("n1"))
+    kubeapi.create("pods", vgpu_pod("p"))
+    dead = "http://127.0.0.1:9"  # nothing listens
+    ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(dead, ignorable=False, http_timeout_s=1)])
+    r = ks.schedule_one("default", "p")
+    assert r.status == "Error"
+    ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(dead, ignorable=True, http_timeout_s=1)])
+    r = ks.schedule_one("default", "p")
+    assert r.status == "Scheduled" and r.node == "n1"  # skipped filter, default binder
+    assert decision_of(kubeapi, "p") is None
+    kubeapi.create("pods", vgpu_pod("slow"))
+    with running_scheduler(kubeapi) as s:
+        kubeapi.latency_s = 0.4  # each API call of the extender is slow; the caller gives up first
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url, http_timeout_s=0.3)])
+        r = ks.schedule_one("default", "slow")
+        kubeapi.latency_s = 0.0
+        assert r.status == "Error" and "timed out" in r.message
+
+
+def test_gpu_count_and_memory_percentage_over_http(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("n1", n=4, mem_gib=40))
+    with running_scheduler(kubeapi) as s:
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url, node_cache_capable=False)])
+        kubeapi.create(
+            "pods",
+            pod_object(
+                "multi",
+                [("a", {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"}), ("b", {"nvidia.com/gpu": "1"})],
+                init=[("setup", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"})],
+                scheduler="vgpu-scheduler",
+            ),
+        )
+        r = ks.schedule_one("default", "multi")
+        assert r.status == "Scheduled", r.message
+        d = decision_of(kubeapi, "multi")
+        assert d is not None
+        assert [(c.name, c.init, len(c.gpus)) for c in d.containers] == [
+            ("setup", True, 1),
+            ("a", False, 2),
+            ("b", False, 1),
+        ]
+        assert {g.memory for g in d.containers[1].gpus} == {20 * GiB}
+        assert d.containers[2].gpus[0].memory == 10 * GiB  # the 1/K slice of a 40 GiB GPU, K=4
