@@ -12,6 +12,8 @@ base_runtime_spec.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -224,3 +226,141 @@ def test_cri_plain_and_refused_containers(env: Env) -> None:
     finally:
         env.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod))
         env.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod))
+
+
+# ---- the four node shapes: our handler passes through the (stand-in) NVIDIA runtime -----------------
+
+GIB = 1 << 30
+LIB64 = "/usr/local/nvidia/lib64"  # where the stand-in mounts the driver libraries (CUDA images' path)
+
+
+class ShapeEnv(Env):
+    shape: ctrd.Shape
+    gpu: Any
+    before: dict[str, bytes]
+    install_cmd: list[str]
+
+
+def _add_glibc_program(rootfs: Path, program: Path) -> None:
+    """Copy a dynamic glibc program and the C library it and libvgpu.so need into the image."""
+    (rootfs / "lib/x86_64-linux-gnu").mkdir(parents=True)
+    (rootfs / "lib64").mkdir()
+    for lib in ("libc.so.6", "libdl.so.2"):
+        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{lib}"), rootfs / "lib/x86_64-linux-gnu" / lib)
+    shutil.copy2(os.path.realpath("/lib64/ld-linux-x86-64.so.2"), rootfs / "lib64/ld-linux-x86-64.so.2")
+    shutil.copy2(program, rootfs / "bin" / program.name)
+
+
+@pytest.fixture(scope="module", params=ctrd.SHAPES)
+def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeEnv]:
+    from tests.fakegpu import toolkit as fk
+    from tests.fakegpu.harness import FakeGPU
+
+    kind = request.param
+    if not fk.RUNTIME.exists() or not (support.ROOT / "build" / "libvgpu.so").exists():
+        pytest.fail("build/fakegpu/nvidia-container-runtime or build/libvgpu.so missing: run `make build-all`")
+    d = tmp_path_factory.mktemp(f"shape-{kind}")
+    gpu = FakeGPU(d / "gpu", support.ROOT / "build", gpus=1, memory=16 * GIB)
+    c = ctrd.Containerd(d)
+    c.snapshotter = "overlayfs" if ctrd.overlay_works(d) else "native"
+    base = ctrd.base_config(d, c.snapshotter)
+
+    def toolkit_text(**kw: Any) -> str:
+        return fk.toolkit_config_text(gpu, container_lib_dir=LIB64, **kw)
+
+    s = ctrd.make_shape(kind, Path("/"), str(d / "host"), base_text=base, runtime_dir=fk.BUILD,
+                        toolkit_text=toolkit_text)  # fmt: skip
+    c.config = Path(s.conf)
+    before = s.snapshot()
+    python, calls = support.recording_python(d)
+    lib = support.ROOT / "build" / "libvgpu.so"
+    cmd = [sys.executable, "-m", "runtime_hook", "--config", str(d / "none.toml"), "--state-dir", str(d / "vgpu"),
+           "--library-path", str(lib), "--log-dir", str(d / "log"), "containerd"]  # fmt: skip
+    r = subprocess.run([*cmd, "install", "--containerd-config", s.conf, "--python", python],
+                       capture_output=True, text=True, cwd=support.ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"node type {ctrd.EXPECTED_TYPE[kind]}" in r.stdout, r.stdout
+    img = d / "img"
+    support.make_rootfs(img)
+    _add_glibc_program(img, support.ROOT / "build" / "fakegpu" / "fakegpu-burn")
+    ociimage.build_image(img, d / "img.tar", ctrd.IMAGE, ["sleep", "3600"])
+    c.start()
+    try:
+        r2 = c.ctr("images", "import", "--snapshotter", c.snapshotter, str(d / "img.tar"))
+        assert r2.returncode == 0, r2.stderr
+        chan = grpc.insecure_channel(f"unix://{c.sock}")
+        e = ShapeEnv(d, c, cri_grpc.RuntimeServiceStub(chan), lib, calls)
+        e.shape, e.gpu, e.before, e.install_cmd = s, gpu, before, cmd
+        yield e
+        chan.close()
+    finally:
+        c.stop()
+        gpu.close()
+
+
+def _run_gpu(env: ShapeEnv, pod: str, sb: Any, name: str, script: str, token: str | None) -> Any:
+    envs = [cri.KeyValue(key="PATH", value="/bin"), cri.KeyValue(key="LD_LIBRARY_PATH", value=LIB64)]  # as CUDA images
+    ann = {}
+    if token:
+        envs.append(cri.KeyValue(key="VGPU_ALLOCATION_TOKEN", value=token))
+        envs.append(cri.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value=env.gpu.uuids[0]))  # the plugin's envvar
+        ann["vgpu.k8s.io/allocation-token"] = token
+    cfg = cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name=name),
+        image=cri.ImageSpec(image=ctrd.IMAGE),
+        command=["sh", "-c", script],
+        envs=envs,
+        annotations=ann,
+        log_path=f"{name}.log",
+    )
+    return env.rt.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id=pod, config=cfg, sandbox_config=sb))
+
+
+def test_shape_vgpu_container_through_the_nvidia_runtime(shape_env: ShapeEnv) -> None:
+    env = shape_env
+    uuid0 = env.gpu.uuids[0]
+    token = support.write_record(env.state, [(uuid0, 2 * GIB, 25)])
+    sb = _sandbox_config(env, "gpu-pod")
+    pod = env.rt.RunPodSandbox(cri.RunPodSandboxRequest(config=sb, runtime_handler="vgpu")).pod_sandbox_id
+    burn = "/bin/fakegpu-burn"
+    try:
+        script = (
+            f"ls /dev/nvidiactl /dev/nvidia0 {LIB64}/libcuda.so.1 {LIB64}/libnvidia-ml.so.1 2>&1; "
+            "echo preload=$(cat /etc/ld.so.preload); cat /run/vgpu/limits; "
+            f"echo burn=$({burn} --seconds 0 2>&1); echo done"
+        )
+        cid = _run_gpu(env, pod, sb, "cuda", script, token).container_id
+        env.rt.StartContainer(cri.StartContainerRequest(container_id=cid))
+        st = _wait_exit(env, cid)
+        out = _log_lines(st.log_path)
+        assert "done" in out, out
+        # the GPU, as the (stand-in) NVIDIA runtime put it there
+        for p in ("/dev/nvidiactl", "/dev/nvidia0", f"{LIB64}/libcuda.so.1", f"{LIB64}/libnvidia-ml.so.1"):
+            assert p in out, out
+        # our mounts
+        assert "preload=/run/vgpu/libvgpu.so" in out and f"{uuid0} {2 * GIB} 25 0" in out
+        # and the slice: cuMemGetInfo through libvgpu.so on the simulated 16 GiB GPU
+        burn_line = next(ln for ln in out if ln.startswith("burn="))
+        info = json.loads(burn_line[len("burn=") :])
+        assert info["uuid"] == uuid0 and info["mem_total"] == 2 * GIB, burn_line
+        assert env.calls.read_text().split() == ["prestart"]
+        env.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid))
+        # a plain container on the same handler: nothing of ours, and Python never started
+        cid2 = _run_gpu(env, pod, sb, "plain", "test -e /run/vgpu && echo has-vgpu || echo no-vgpu; "
+                        "test -e /dev/nvidia0 && echo has-gpu || echo no-gpu", None).container_id  # fmt: skip
+        env.rt.StartContainer(cri.StartContainerRequest(container_id=cid2))
+        st2 = _wait_exit(env, cid2)
+        assert st2.exit_code == 0 and _log_lines(st2.log_path) == ["no-vgpu", "no-gpu"]
+        assert env.calls.read_text().split() == ["prestart"]
+        env.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid2))
+    finally:
+        env.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod))
+        env.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod))
+
+
+def test_shape_uninstall_restores_every_file(shape_env: ShapeEnv) -> None:
+    env = shape_env
+    r = subprocess.run([*env.install_cmd, "uninstall", "--containerd-config", env.shape.conf],
+                       capture_output=True, text=True, cwd=support.ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert env.shape.snapshot() == env.before
