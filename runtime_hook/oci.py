@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 TOKEN_ENV = "VGPU_ALLOCATION_TOKEN"
 TOKEN_ANNOTATION = "vgpu.k8s.io/allocation-token"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+VOLUME_DEVICES_ROOT = "/var/run/nvidia-container-devices"  # NVIDIA's volume-mounts strategy
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+PROC_NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 
 MAX_STATE_BYTES = 1 << 20
 MAX_SPEC_BYTES = 32 << 20
@@ -288,21 +291,132 @@ def parse_poststop_id(stdin: bytes) -> str:
     return str(obj["id"])
 
 
+def _cdi_uuid(name: str) -> str | None:
+    """The device of a fully qualified CDI name `vendor/class=device`, else None."""
+    kind, sep, dev = name.partition("=")
+    vendor, slash, cls = kind.partition("/")
+    return dev if sep and slash and vendor and cls and dev and "/" not in cls else None
+
+
+def _outside(item: str, allowed_uuids: set[str]) -> bool:
+    """A device request naming anything but a GPU of the allocation (by UUID, bare or as a CDI
+    name of any kind): `all`, indexes, other UUIDs, other CDI devices are outside."""
+    if item in allowed_uuids:
+        return False
+    dev = _cdi_uuid(item)
+    return dev is None or dev not in allowed_uuids
+
+
 def visible_devices_outside(spec: dict[str, Any], allowed_uuids: set[str]) -> list[str]:
     """Entries of NVIDIA_VISIBLE_DEVICES that name GPUs outside the allocation.
 
-    `all`, indices and unknown UUIDs are outside; `none`, `void` and empty
-    name no GPU.  Every occurrence of the variable counts.
+    `all`, indices, unknown UUIDs and CDI names of other devices are outside; `none`, `void`,
+    empty and the volume-mounts marker (`/var/run/nvidia-container-devices`, the devices are
+    then the mounts) name no GPU.  Every occurrence of the variable counts.
     """
     bad: list[str] = []
     for value in env_values(spec, VISIBLE_DEVICES_ENV):
         v = value.strip()
-        if v in ("", "none", "void"):
+        if v in ("", "none", "void", VOLUME_DEVICES_ROOT):
             continue
         for item in v.split(","):
             item = item.strip()
-            if item not in allowed_uuids:
+            if _outside(item, allowed_uuids):
                 bad.append(item[:64])
+    return bad
+
+
+def _volume_device(rest: str) -> str:
+    # cdi/<vendor>/<class>/<dev> and cdi/<vendor>/<class>=<dev> as NVIDIA's runtime reads them
+    if rest.startswith("cdi/"):
+        parts = rest[4:].split("/")
+        return parts[0] + "/" + parts[1] + "=" + parts[2] if len(parts) == 3 else rest[4:]
+    return rest
+
+
+def _gpu_minors(proc_gpus: str) -> dict[int, str]:
+    """Device minor -> UUID from the NVIDIA driver's /proc files; {} without the driver."""
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir(proc_gpus)
+    except OSError:
+        return out
+    for n in names:
+        minor, uuid = -1, ""
+        try:
+            with open(os.path.join(proc_gpus, n, "information"), encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    key, _, val = line.partition(":")
+                    if key.strip() == "Device Minor":
+                        minor = int(val.strip())
+                    elif key.strip() == "GPU UUID":
+                        uuid = val.strip()
+        except (OSError, ValueError):
+            continue
+        if minor >= 0 and uuid:
+            out[minor] = uuid
+    return out
+
+
+def gpu_requests_outside(spec: dict[str, Any], allowed_uuids: set[str], proc_gpus: str = PROC_NVIDIA_GPUS) -> list[str]:
+    """Every way a container can ask NVIDIA's runtime or a CDI-enabled engine for a GPU, checked
+    against the allocation: one problem string per finding, [] when all is inside.
+
+    - NVIDIA_VISIBLE_DEVICES (uuids, CDI names; `all`, indexes, others outside) -- never
+      required: NVIDIA's CDI edits rewrite it to `void`;
+    - mounts at /var/run/nvidia-container-devices/<dev> (volume-mounts strategy); a destination
+      with `..` or one that normalises elsewhere is refused outright (the runtime matches the
+      raw string, the kernel resolves it: never let the two disagree);
+    - annotations under cdi.k8s.io/ (also `<x>.cdi.k8s.io/`, the toolkit NRI plugin's form):
+      comma lists of CDI names;
+    - device nodes /dev/nvidia<N> already in linux.devices (CDI edits containerd applied for
+      CRI cdi_devices, or a CDI-mode runtime): with the driver's /proc files each minor must be
+      an allocated GPU, without them there must not be more nodes than allocated GPUs.
+    """
+    bad: list[str] = []
+    env_bad = visible_devices_outside(spec, allowed_uuids)
+    if env_bad:
+        bad.append(f"{VISIBLE_DEVICES_ENV} names GPUs outside the vGPU allocation: {', '.join(sorted(set(env_bad)))}")
+    mounts = spec.get("mounts")
+    for m in mounts if isinstance(mounts, list) else []:
+        dst = m.get("destination") if isinstance(m, dict) else None
+        if not isinstance(dst, str) or "nvidia-container-devices" not in dst:
+            continue
+        norm = os.path.normpath(dst)
+        parts = dst.split("/")
+        if ".." in parts or (norm != dst.rstrip("/") and norm.startswith(VOLUME_DEVICES_ROOT)):
+            bad.append(f"mount destination {oneline(dst, 120)!r} is not a plain device path")
+            continue
+        if not norm.startswith(VOLUME_DEVICES_ROOT + "/"):
+            continue
+        dev = _volume_device(norm[len(VOLUME_DEVICES_ROOT) + 1 :])
+        if _outside(dev, allowed_uuids):
+            bad.append(f"volume mount {oneline(norm, 120)} names a GPU outside the vGPU allocation")
+    anns = spec.get("annotations")
+    for key, value in sorted(anns.items()) if isinstance(anns, dict) else []:
+        if not isinstance(key, str) or not (
+            key.startswith(CDI_ANNOTATION_PREFIX) or "." + CDI_ANNOTATION_PREFIX in key
+        ):
+            continue
+        names = [v.strip() for v in str(value).split(",") if v.strip()]
+        out = sorted({n[:64] for n in names if _outside(n, allowed_uuids)})
+        if out:
+            bad.append(f"annotation {oneline(key, 80)} names CDI devices outside the vGPU allocation: {', '.join(out)}")
+    linux = spec.get("linux")
+    devs = linux.get("devices") if isinstance(linux, dict) else None
+    minors = set()
+    for d in devs if isinstance(devs, list) else []:
+        path = d.get("path") if isinstance(d, dict) else None
+        if isinstance(path, str) and path.startswith("/dev/nvidia") and path[11:].isdigit():
+            minors.add(int(path[11:]))
+    if minors:
+        known = _gpu_minors(proc_gpus)
+        if known:
+            out = sorted(f"/dev/nvidia{m}" for m in minors if known.get(m) not in allowed_uuids)
+            if out:
+                bad.append(f"device nodes of GPUs outside the vGPU allocation: {', '.join(out)}")
+        elif len(minors) > len(allowed_uuids):
+            bad.append(f"{len(minors)} GPU device nodes for {len(allowed_uuids)} allocated GPUs")
     return bad
 
 

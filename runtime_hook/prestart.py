@@ -1,7 +1,8 @@
 """`vgpu-hook prestart` for a container that carries an allocation token.
 
-Steps (docs/hook.md): validate the container id and the record, check
-NVIDIA_VISIBLE_DEVICES against it, create the per-container state directory
+Steps (docs/hook.md): validate the container id and the record, check the
+container's GPU requests against it (NVIDIA_VISIBLE_DEVICES, volume mounts, CDI
+annotations, injected device nodes: oci.gpu_requests_outside), create the per-container state directory
 (limits, region, metadata; ld.so.preload is written by the mount helper once
 it has read the image's own list), then bind-mount everything into the
 container's mount namespace.  Any failure removes the state directory and
@@ -44,11 +45,12 @@ def load_record(p: vpaths.Paths, token: str) -> records.Record:
 
 
 def check_visible_devices(spec: dict[str, object], rec: records.Record) -> None:
-    bad = oci.visible_devices_outside(spec, {g.uuid for g in rec.gpus})  # type: ignore[arg-type]
+    """Refuse a container that asks for a GPU outside its record, in any of the forms NVIDIA's
+    runtime or a CDI engine honours (env, volume mounts, CDI annotations, device nodes already
+    injected): the limits are per GPU of the record, another GPU would be unlimited."""
+    bad = oci.gpu_requests_outside(spec, {g.uuid for g in rec.gpus})  # type: ignore[arg-type]
     if bad:
-        raise HookError(
-            f"{oci.VISIBLE_DEVICES_ENV} names GPUs outside the vGPU allocation: {', '.join(sorted(set(bad)))}"
-        )
+        raise HookError("; ".join(bad))
 
 
 def proc_start_time(pid: int) -> int:
