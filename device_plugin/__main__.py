@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from device_plugin import strategy
 from device_plugin.registration import valid_resource_name
 from vgpu import __version__, nvml
 from vgpu.config import ConfigError, DevicePluginConfig, config_path_from_env, load_config
@@ -35,6 +36,10 @@ _FIELD_HELP: dict[str, str] = {
     "node_name": "Node to annotate with the inventory (default $NODE_NAME, else the host name)",
     "decisions": "scheduler decisions: auto (default; n x 1/K when the API is unreachable), required, off",
     "inventory_heartbeat_s": "seconds between refreshes of the inventory annotation's heartbeat (default 30)",
+    "device_list_strategy": "how Allocate names the GPUs, a comma list of envvar (default), volume-mounts, "
+    "cdi-annotations, cdi-cri",
+    "cdi_kind": "CDI kind of the GPUs in cdi-annotations / cdi-cri names (default nvidia.com/gpu)",
+    "cdi_annotation_prefix": "annotation key prefix of the cdi-annotations strategy (default cdi.k8s.io/)",
 }
 
 
@@ -56,6 +61,7 @@ _TYPES: dict[str, Any] = {
     "record_gc_grace_s": _finite_float,
     "record_gc_interval_s": _finite_float,
     "inventory_heartbeat_s": _finite_float,
+    "device_list_strategy": strategy.parse_list,
 }
 assert set(_FIELD_HELP) == {f.name for f in msgspec.structs.fields(DevicePluginConfig)}, "flags out of date"
 

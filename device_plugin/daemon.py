@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from device_plugin import decision, inventory, podresources, records
+from device_plugin import decision, inventory, podresources, records, strategy
 from device_plugin.devices import DeviceTable, Slicing
 from device_plugin.health import HealthMonitor
 from device_plugin.registration import RegistrationError, register
@@ -113,6 +113,11 @@ class Daemon:
             "resource_name": self.cfg.resource_name,
             "policy": self.cfg.allocation_policy,
             "decisions": self.decisions,
+            "strategy": strategy.Strategy(
+                names=tuple(self.cfg.device_list_strategy),
+                cdi_kind=self.cfg.cdi_kind,
+                annotation_prefix=self.cfg.cdi_annotation_prefix,
+            ),
         }
 
     def _serve(self) -> bool:

@@ -12,6 +12,7 @@ from concurrent import futures
 import grpc
 
 from device_plugin import allocator, decision, records
+from device_plugin import strategy as device_strategy
 from device_plugin.api import deviceplugin_pb2 as pb
 from device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from device_plugin.devices import DeviceTable
@@ -45,7 +46,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         policy: str,
         stop: threading.Event,
         decisions: decision.Decisions | None = None,
+        strategy: device_strategy.Strategy | None = None,
     ) -> None:
+        self.strategy = strategy or device_strategy.Strategy()
         self.decisions = decisions  # scheduler decisions (None: every container gets n x 1/K)
         self.table = table
         self.paths = paths
@@ -113,7 +116,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             if claim is not None and self.decisions is not None:
                 self.decisions.confirm(claim)
             cresp = out.container_responses.add()
-            cresp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(sl.uuids)
+            device_strategy.fill(cresp, sl.uuids, self.strategy)
             cresp.envs[TOKEN_ENV] = rec.token
             cresp.annotations[TOKEN_ANNOTATION] = rec.token
             if log.isEnabledFor(logging.INFO):  # the line is built only when it is wanted

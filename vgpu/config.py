@@ -51,6 +51,15 @@ class DevicePluginConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     # the API server cannot be asked; "off" never asks.
     decisions: Literal["auto", "required", "off"] = "auto"
     inventory_heartbeat_s: PositiveFloat = 30.0
+    # How Allocate names the GPUs for NVIDIA's runtime / a CDI engine (device_plugin/strategy.py):
+    # any of envvar, volume-mounts, cdi-annotations, cdi-cri, as NVIDIA's --device-list-strategy.
+    device_list_strategy: Annotated[
+        list[Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]], msgspec.Meta(min_length=1)
+    ] = msgspec.field(default_factory=lambda: ["envvar"])
+    cdi_kind: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9.-]*/[a-zA-Z0-9][a-zA-Z0-9_.-]*$")] = (
+        "nvidia.com/gpu"
+    )
+    cdi_annotation_prefix: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9.-]*/$")] = "cdi.k8s.io/"
 
 
 class MonitorConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
