@@ -77,16 +77,19 @@ def api_usage(api: KubeAPI) -> dict[str, dict[str, tuple[int, int, int]]]:
     from vgpu_scheduler import snapshot
 
     recs = [snapshot.pod_rec(p) for p in api.objects("pods")]
-    return {
-        n: {u: (x.memory, x.cores, x.slots) for u, x in g.items() if x.slots}
-        for n, g in snapshot.usage_of(recs).items()
+    return _plain(snapshot.usage_of(recs))
+
+
+def _plain(usage: Any) -> dict[str, dict[str, tuple[int, int, int]]]:
+    out = {
+        n: {u: (x.memory, x.cores, x.slots) for u, x in g.items() if x.slots or x.memory or x.cores}
+        for n, g in usage.items()
     }
+    return {n: g for n, g in out.items() if g}
 
 
 def state_usage(svc: Service) -> dict[str, dict[str, tuple[int, int, int]]]:
-    return {
-        n: {u: (x.memory, x.cores, x.slots) for u, x in g.items() if x.slots} for n, g in svc.state.usage_copy().items()
-    }
+    return _plain(svc.state.usage_copy())
 
 
 def wait_for(cond: Any, timeout: float = 10.0, what: str = "condition") -> None:

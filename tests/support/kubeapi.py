@@ -372,6 +372,7 @@ class KubeAPI:
         """Forget every watch event: a watch resuming from any earlier version now gets 410 Gone."""
         with self._lock:
             self._events.clear()
+            self._rv += 1  # as a compaction: every version before now is gone; lists give the new one
             self._oldest = self._rv
             self._lock.notify_all()
 
