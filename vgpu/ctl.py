@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--context", default=None, help="kubeconfig context")
     c.add_argument("--stale-after-s", type=float, default=120.0, help="inventory heartbeat age that marks a node stale")
     c.add_argument("--json", action="store_true", help="machine-readable output")
+    from vgpu import doctor
+
+    doctor.add_arguments(sub.add_parser("doctor", help="node preflight: node type, containerd, NVIDIA runtime, hook"))
     a = p.parse_args(argv)
     if a.cmd == "status":
         return cmd_status(a)
@@ -123,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         rc, text = cluster.run(a.kubeconfig, a.context, a.json, a.stale_after_s)
         (sys.stdout if rc == 0 else sys.stderr).write(text)
         return rc
+    if a.cmd == "doctor":
+        return doctor.main(a)
     p.print_usage(sys.stderr)
     return 2
 
