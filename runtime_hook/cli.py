@@ -120,7 +120,14 @@ def main(
 
     overrides = {k: getattr(ns, f[2:].replace("-", "_")) for f, k in _FLAG_KEYS.items()}
     try:
-        cfg = _load(ns.config, overrides)
+        root = getattr(ns, "root", "/") or "/"
+        if os.path.realpath(root) == "/":
+            cfg = _load(ns.config, overrides)
+        else:  # the node config is a host file too: read it under --root
+            from runtime_hook.nodetype import Root
+            from vgpu import config as vconfig
+
+            cfg = _load(Root(root).fs(ns.config or vconfig.config_path_from_env()), overrides)
     except ConfigError as e:
         sys.stderr.write(f"vgpu-hook: {e}\n")
         return 2

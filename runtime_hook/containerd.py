@@ -470,6 +470,11 @@ def plan_install(args: argparse.Namespace, cfg: Any) -> tuple[Plan, dict[str, An
     major = facts.containerd_major
     base_spec = os.path.abspath(args.base_spec or os.path.join(os.path.dirname(conf), "vgpu-base-spec.json"))
     python = os.path.abspath(args.python or sys.executable)
+    if not root.is_host:
+        # Paths written into the spec are the host's: ours (inside an installer container) may not exist there.
+        for what, path in (("--python", python), ("--hook-path", args.hook_path or default_hook_path())):
+            if not root.exists(path):
+                raise InstallError(f"{path} does not exist under --root {root.root}: pass {what} with the host's path")
     # The state dir is fixed at install time (the sh filter needs it without
     # parsing TOML): re-run install after changing common.state_dir.
     state_dir = os.path.abspath(cfg.common.state_dir)

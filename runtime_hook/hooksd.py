@@ -65,6 +65,10 @@ def plan(args: argparse.Namespace, cfg: Any) -> tuple[Root, dict[str, str]]:
     root = Root(args.root)
     d = os.path.abspath(args.dir or DEFAULT_DIR)
     python = os.path.abspath(args.python or sys.executable)
+    if not root.is_host:
+        for what, path in (("--python", python), ("--hook-path", args.hook_path or containerd.default_hook_path())):
+            if not root.exists(path):
+                raise containerd.InstallError(f"{path} does not exist under --root {root.root}: pass {what}")
     state_dir = os.path.abspath(cfg.common.state_dir)
     gargs = containerd.resolved_args(args, cfg)
     docs = entries(python, gargs, args.hook_timeout, None if args.no_shell_filter else state_dir, args.hook_path)

@@ -62,6 +62,7 @@ class Node:
         spec.write_text('{"ociVersion": "1.0.2", "process": {"cwd": "/"}}')
         self.fs("/usr/local/vgpu/runtime_hook/fastpath.py").parent.mkdir(parents=True, exist_ok=True)
         self.fs("/usr/local/vgpu/runtime_hook/fastpath.py").write_text("# the hook\n")
+        self.fs("/usr/bin/python3").write_text("#!/bin/false\n")
         return cli.main(["--config", str(self.tmp / "none.toml"), "--state-dir", "/var/lib/vgpu", "--log-dir",
                          "/var/log/vgpu", "--library-path", "/usr/lib/vgpu/libvgpu.so", "containerd", "install",
                          "--root", str(self.root), "--base-spec-source", str(spec), "--python", "/usr/bin/python3",

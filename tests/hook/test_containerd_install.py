@@ -188,9 +188,17 @@ def _shape(kind: str, tmp: Path, mode: str) -> tuple[ctrd.Shape, list[str]]:
     """The shape, and the args that point install at it (--root for a host tree)."""
     if mode == "root":
         s = ctrd.make_shape(kind, tmp / "host", "", base_text=V1_CONFIG)
+        _host_hook(s)
         return s, ["--root", str(s.root), "--containerd-config", s.conf]
     s = ctrd.make_shape(kind, Path("/"), str(tmp / "host"), base_text=V1_CONFIG)
     return s, ["--containerd-config", s.conf]
+
+
+def _host_hook(s: ctrd.Shape) -> list[str]:
+    """The host's interpreter and hook as an installer names them (they must exist under --root)."""
+    s.write("/usr/local/vgpu/bin/python3", "#!/bin/false\n", 0o755)
+    s.write("/usr/local/vgpu/runtime_hook/fastpath.py", "# the hook\n")
+    return ["--python", "/usr/local/vgpu/bin/python3", "--hook-path", "/usr/local/vgpu/runtime_hook/fastpath.py"]
 
 
 def _dump(conf: str) -> dict[str, object]:
@@ -274,7 +282,7 @@ def test_n3_without_legacy_binary_keeps_cdi_and_says_what_the_plugin_needs(
 ) -> None:
     s = ctrd.make_shape("n3", tmp_path / "host", "", base_text=V1_CONFIG)
     s.fs(s.binary + ".legacy").unlink()
-    where = ["--root", str(s.root), "--containerd-config", s.conf, "--base-spec-source", str(spec_src)]
+    where = ["--root", str(s.root), "--containerd-config", s.conf, "--base-spec-source", str(spec_src), *_host_hook(s)]
     assert _run(tmp_path, "install", *where) == 0
     out = capsys.readouterr().out
     assert "cdi-annotations" in out and "management.nvidia.com/gpu" in out
@@ -298,6 +306,20 @@ def test_v2_dropin_copies_the_nvidia_handler(tmp_path: Path, spec_src: Path) -> 
     assert rt["options"] == {"BinaryName": "/usr/bin/nvidia-container-runtime", "SystemdCgroup": True}
     assert _run(tmp_path, "uninstall", "--containerd-config", str(conf)) == 0
     assert conf.read_bytes() == original and not (tmp_path / "conf.d" / "vgpu.toml").exists()
+
+
+def test_root_needs_host_paths_for_the_hook(tmp_path: Path, spec_src: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = ctrd.make_shape("n1-117", tmp_path / "host", "", base_text=V1_CONFIG)
+    before = s.snapshot()
+    where = ["--root", str(s.root), "--containerd-config", s.conf, "--base-spec-source", str(spec_src)]
+    assert _run(tmp_path, "install", *where) == 1  # this interpreter's path means nothing on the host
+    assert "pass --python" in capsys.readouterr().err and s.snapshot() == before
+    s.write("/etc/vgpu/config.toml", '[hook]\nlibrary_path = "/usr/local/vgpu/libvgpu.so"\n')
+    assert cli.main(["--config", "/etc/vgpu/config.toml", "containerd", "install", *where, *_host_hook(s)]) == 0
+    spec = json.loads(s.fs("/etc/containerd/vgpu-base-spec.json").read_text())
+    args = spec["hooks"]["prestart"][-1]["args"]
+    assert args[args.index("--library-path") + 1] == "/usr/local/vgpu/libvgpu.so"  # node config read under --root
+    assert args[args.index("--config") + 1] == "/etc/vgpu/config.toml"  # and named by its host path
 
 
 def test_detect_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

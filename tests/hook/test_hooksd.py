@@ -70,9 +70,14 @@ def test_foreign_file_is_never_overwritten_or_removed(tmp_path: Path, capsys: py
 
 def test_root_and_print(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     host = tmp_path / "host"
-    assert _run(tmp_path, "print", "--root", str(host)) == 0
+    assert _run(tmp_path, "print", "--root", str(host)) == 1  # this interpreter is not the host's
+    (host / "usr/local/vgpu").mkdir(parents=True)
+    (host / "usr/local/vgpu/python3").write_text("")
+    (host / "usr/local/vgpu/fastpath.py").write_text("")
+    py = ["--python", "/usr/local/vgpu/python3", "--hook-path", "/usr/local/vgpu/fastpath.py"]
+    assert _run(tmp_path, "print", "--root", str(host), *py) == 0
     out = capsys.readouterr().out
-    assert f"# {hooksd.DEFAULT_DIR}/vgpu.json" in out and not host.exists()
-    assert _run(tmp_path, "install", "--root", str(host), "--hook-path", "/usr/local/vgpu/fastpath.py") == 0
+    assert f"# {hooksd.DEFAULT_DIR}/vgpu.json" in out and not (host / "usr/share").exists()
+    assert _run(tmp_path, "install", "--root", str(host), *py) == 0
     doc = json.loads((host / hooksd.DEFAULT_DIR.lstrip("/") / "vgpu.json").read_text())
     assert "/usr/local/vgpu/fastpath.py" in doc["hook"]["args"]
