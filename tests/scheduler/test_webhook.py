@@ -1,0 +1,187 @@
+"""The mutating webhook over HTTPS (AdmissionReview v1): patches applied and re-validated, rejections."""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.scheduler.helpers import Running, gpu_node, running_scheduler
+from tests.support.kubeapi import KubeAPI, apply_json_patch, pod_object
+from vgpu import scheduling as sc
+from vgpu_scheduler.config import SchedulerConfig
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "tls.crt", d / "tls.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=vgpu-scheduler.kube-system.svc",
+            "-addext",
+            "subjectAltName=DNS:vgpu-scheduler.kube-system.svc,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return {"cert_file": str(cert), "key_file": str(key)}
+
+
+@pytest.fixture(scope="module")
+def hook(tls: dict[str, str]) -> Iterator[Running]:
+    with KubeAPI() as api:
+        api.create("nodes", gpu_node("n1", n=4, mem_gib=80))
+        api.create("nodes", gpu_node("n2", n=2, mem_gib=40))
+        with running_scheduler(api, **tls) as s:
+            yield s
+
+
+def admit(s: Running, pod: dict[str, Any], tls: dict[str, str] | None = None, op: str = "CREATE") -> dict[str, Any]:
+    ctx = ssl.create_default_context(cafile=(tls or {}).get("cert_file"))
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "req-1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": op,
+            "namespace": "default",
+            "object": pod,
+        },
+    }
+    req = urllib.request.Request(
+        s.url + "/webhook", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+        out = json.loads(r.read())
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
+    assert out["response"]["uid"] == "req-1"
+    return out["response"]
+
+
+def applied(pod: dict[str, Any], resp: dict[str, Any]) -> dict[str, Any]:
+    assert resp["allowed"] is True
+    if "patch" not in resp:
+        return pod
+    assert resp["patchType"] == "JSONPatch"
+    return apply_json_patch(pod, json.loads(base64.b64decode(resp["patch"])))
+
+
+def test_sets_scheduler_fills_gpu_count_and_revalidates(hook: Running, tls: dict[str, str]) -> None:
+    pod = pod_object("p", [("a", {"nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "30"}), ("plain", {"cpu": "1"})])
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "30"}}
+    resp = admit(hook, pod, tls)
+    out = applied(pod, resp)
+    assert out["spec"]["schedulerName"] == "vgpu-scheduler"
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpumem": "8192",
+        "nvidia.com/gpucores": "30",
+        "nvidia.com/gpu": "1",
+    }
+    assert out["spec"]["containers"][1] == pod["spec"]["containers"][1]
+    again = admit(hook, out, tls)
+    assert again["allowed"] is True and "patch" not in again  # idempotent: nothing left to change
+
+
+def test_init_container_without_resources_block_and_default_scheduler(hook: Running, tls: dict[str, str]) -> None:
+    pod = pod_object("p", [("a", {"nvidia.com/gpu": "1"})], init=[("i", {})], scheduler="default-scheduler")
+    pod["spec"]["initContainers"][0]["resources"] = {"requests": {"nvidia.com/gpucores": "10"}}
+    out = applied(pod, admit(hook, pod, tls))
+    assert out["spec"]["schedulerName"] == "vgpu-scheduler"
+    assert out["spec"]["initContainers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert "patch" not in admit(hook, out, tls)
+
+
+def test_other_schedulers_and_plain_pods_are_left_alone(hook: Running, tls: dict[str, str]) -> None:
+    pod = pod_object("p", [("a", {"nvidia.com/gpu": "1"})], scheduler="volcano")
+    assert "patch" not in admit(hook, pod, tls)
+    plain = pod_object("q", [("a", {"cpu": "1"})])
+    resp = admit(hook, plain, tls)
+    assert resp["allowed"] and "patch" not in resp
+    assert admit(hook, pod_object("x", [("a", {"nvidia.com/gpu": "abc"})]), tls, op="UPDATE")["allowed"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "annotations", "why"),
+    [
+        (
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "90000"},
+            {},
+            "90000 MiB per GPU asked; no GPU has more than 81920 MiB",
+        ),
+        ({"nvidia.com/gpu": "5"}, {}, "5 GPUs asked; no node offers more than 4"),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1", "nvidia.com/gpumem-percentage": "5"}, {}, "exclusive"),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "101"}, {}, "must be 1..100"),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "120"}, {}, "must be 0..100"),
+        ({"nvidia.com/gpu": "1.5"}, {}, "not a whole number"),
+        ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "100"}, {}, "nvidia.com/gpu=0 with memory"),
+        ({"nvidia.com/gpu": "1"}, {sc.NODE_POLICY_ANNOTATION: "random"}, "must be one of binpack, spread"),
+        ({"nvidia.com/gpu": "1"}, {"hami.io/gpu-scheduler-policy": "topology"}, "must be one of binpack, spread"),
+        ({"nvidia.com/gpu": "1"}, {sc.NUMA_BIND_ANNOTATION: "maybe"}, "must be true or false"),
+        ({"nvidia.com/gpu": "1"}, {"nvidia.com/use-gpuuuid": "GPU-1,,GPU-2"}, "comma list of non-empty items"),
+        ({"nvidia.com/gpu": "1"}, {sc.NOUSE_GPUUUID_ANNOTATION: "GPU 1"}, "is not a GPU UUID"),
+        ({"nvidia.com/gpu": "1"}, {sc.USE_GPUTYPE_ANNOTATION: ""}, "comma list of non-empty items"),
+    ],
+)
+def test_rejected_with_why(
+    hook: Running, tls: dict[str, str], limits: dict[str, str], annotations: dict[str, str], why: str
+) -> None:
+    resp = admit(hook, pod_object("p", [("a", limits)], annotations=annotations), tls)
+    assert resp["allowed"] is False
+    assert why in resp["status"]["message"], resp["status"]["message"]
+
+
+def test_valid_annotations_in_both_spellings_pass(hook: Running, tls: dict[str, str]) -> None:
+    ann = {
+        sc.NODE_POLICY_ANNOTATION: "spread",
+        "hami.io/gpu-scheduler-policy": "binpack",
+        "nvidia.com/use-gputype": "A100,H100",
+        sc.NOUSE_GPUTYPE_ANNOTATION: "T4",
+        sc.USE_GPUUUID_ANNOTATION: "GPU-a,GPU-b",
+        "nvidia.com/nouse-gpuuuid": "GPU-c",
+        "nvidia.com/numa-bind": "true",
+    }
+    resp = admit(hook, pod_object("p", [("a", {"nvidia.com/gpu": "2"})], annotations=ann), tls)
+    assert resp["allowed"] is True
+
+
+def test_sizes_not_judged_while_no_node_offers_gpus(kubeapi: KubeAPI, tls: dict[str, str]) -> None:
+    with running_scheduler(kubeapi, SchedulerConfig(scheduler_name="gpu-sched"), **tls) as s:
+        pod = pod_object("p", [("a", {"nvidia.com/gpu": "16", "nvidia.com/gpumem": "900000"})])
+        out = applied(pod, admit(s, pod, tls))
+        assert out["spec"]["schedulerName"] == "gpu-sched"
+
+
+def test_plain_http_client_cannot_talk_to_the_tls_port(hook: Running) -> None:
+    with pytest.raises(Exception):  # noqa: B017 - any failure: the port speaks TLS only
+        urllib.request.urlopen(hook.url.replace("https:", "http:") + "/healthz", timeout=5).read()
+
+
+def test_cert_path_errors_are_clear(kubeapi: KubeAPI, tmp_path: Path) -> None:
+    from vgpu_scheduler.server import Service, make_server
+
+    with pytest.raises((OSError, ValueError)):
+        make_server(
+            Service(SchedulerConfig(), None), cert_file=str(tmp_path / "missing.crt"), key_file=str(tmp_path / "k")
+        )
