@@ -2,7 +2,8 @@
 
 The simulated GPU (one 10 GiB device), the real `vgpu-device-plugin` registered with the kubelet
 stand-in, two containers under the distribution's runc with the hooks `vgpu-hook containerd
-install` writes, the real `vgpu-monitor`, its /metrics over HTTP.  Timing-dependent checks
+install` writes, created through the simulated toolkit's nvidia-container-runtime (the GPU
+arrives only through it, selected by the Allocate response), the real `vgpu-monitor`, its /metrics over HTTP.  Timing-dependent checks
 (compute shares) have generous tolerances; `make bench-shares` measures precisely.
 """
 
@@ -84,6 +85,16 @@ def test_node_stack_end_to_end(build_dir: Path, tmp_path: Path, real: bool) -> N
             ]
             meta = json.loads((cdir / "metadata.json").read_text())
             assert meta["token"] == p.token
+        if not real:  # the GPU came only through the (stand-in) NVIDIA runtime: it appended its hook
+            for p in (a, b):
+                assert p.container is not None
+                spec = json.loads((p.container.bundle / "config.json").read_text())
+                hooks = [h["path"] for h in spec["hooks"]["prestart"]]
+                assert hooks[-1].endswith("/nvidia-container-runtime-hook") and len(hooks) == 2
+                env = spec["process"]["env"]
+                assert not any(e.startswith("FAKEGPU_") for e in env)
+                assert f"NVIDIA_VISIBLE_DEVICES={p.uuid}" in env  # from the Allocate response
+                assert not any("fakegpu" in m["source"] and "burn" not in m["source"] for m in spec["mounts"])
         demo.isolation()
         for p in (a, b):
             s = p.seen

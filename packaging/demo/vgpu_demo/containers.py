@@ -9,6 +9,10 @@ mounted at /demo, and reports there.
 
 The hooks are the ones `vgpu-hook containerd install` writes (runtime_hook.containerd): the sh
 filter in front of the Python hook, each with an explicit `env` and a timeout.
+
+Containers are created the way containerd-shim does it: `<runtime> create`, then `start`, where
+the runtime is NVIDIA's nvidia-container-runtime (or the simulated toolkit's stand-in of it), which
+edits config.json on `create` and then execs runc: the GPU arrives through that chain only.
 """
 
 from __future__ import annotations
@@ -156,19 +160,24 @@ def runc(runc_root: Path, *args: str, timeout: float = 60) -> subprocess.Complet
     )
 
 
-def start(runc_root: Path, c: Container) -> None:
-    """`runc run --detach`: the prestart hook runs here; its error is runc's error."""
+def start(runc_root: Path, c: Container, runtime: str = "runc", env: dict[str, str] | None = None) -> None:
+    """`<runtime> create` then `start`, as containerd-shim does: the NVIDIA runtime edits the
+    bundle on create, the prestart hooks run there; their error is the runtime's error."""
     err_path = c.bundle / "runc.stderr"
+    base = [runtime, "--root", str(runc_root)]
     with open(err_path, "w") as err:
-        r = subprocess.run(
-            ["runc", "--root", str(runc_root), "run", "--detach", "--bundle", str(c.bundle), c.cid],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,  # the container must not hold a pipe of ours open
-            stderr=err,
-            timeout=120,
-        )
-    if r.returncode != 0:
-        raise RuntimeError(f"runc run {c.cid} failed: {err_path.read_text().strip()[-1500:]}")
+        for args in (["create", "--bundle", str(c.bundle), c.cid], ["start", c.cid]):
+            r = subprocess.run(
+                base + args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # the container must not hold a pipe of ours open
+                stderr=err,
+                timeout=120,
+                env=env,
+            )
+            if r.returncode != 0:
+                name = os.path.basename(runtime)
+                raise RuntimeError(f"{name} {args[0]} {c.cid} failed: {err_path.read_text().strip()[-1500:]}")
     st = runc(runc_root, "state", c.cid)
     if st.returncode != 0:
         raise RuntimeError(f"runc state {c.cid}: {st.stderr.strip()}")

@@ -8,8 +8,11 @@ what it observed, and raises `StepFailed` with a one-line reason when the stack 
 2. `start_plugin`: `vgpu-device-plugin` (split count 10) against the kubelet stand-in
    (tests/support/kubelet.py); `admit` allocates 3 vGPUs to pod-a and 7 to pod-b as the kubelet
    would: slices of 30 % and 70 % of memory, compute shares 30 % and 70 %.
-3. `run_containers`: both pods' containers under runc, with the hooks `vgpu-hook containerd
-   install` writes and the allocation tokens in their annotations and environment;
+3. `run_containers`: both pods' containers under runc, created through nvidia-container-runtime
+   (the simulated toolkit's stand-in, tests/fakegpu/toolkit, or the real one on a GPU node) as
+   containerd would, with the hooks `vgpu-hook containerd install` writes; what each gets is the
+   device plugin's Allocate response (env, mounts, annotations: the GPU selection and the token),
+   so the GPU arrives only through the NVIDIA runtime;
    `isolation` reads what each saw: cuMemGetInfo (fakegpu-burn) and pynvml report its slice, an
    allocation past the slice fails with CUDA_ERROR_OUT_OF_MEMORY, the other container's large
    allocation succeeds.
@@ -49,6 +52,11 @@ SPLIT = 10
 PODS = (("pod-a", 3), ("pod-b", 7))  # vGPUs per pod -> 30 % / 70 %
 TOKEN_ENV = "VGPU_ALLOCATION_TOKEN"
 TOKEN_ANNOTATION = "vgpu.k8s.io/allocation-token"
+# Where the simulated toolkit puts the driver libraries: the rootfs bind-mounts the host's /usr/lib
+# read-only, so not /usr/lib/x86_64-linux-gnu; the image's LD_LIBRARY_PATH names it, as CUDA
+# images name /usr/local/nvidia/lib64.
+CTR_LIB_DIR = "/usr/local/nvidia/lib64"
+CTR_BURN = "/opt/demo/bin/fakegpu-burn"
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
 NVML_QUERY = """
@@ -79,6 +87,7 @@ class Pod:
     memory_limit: int = 0
     core_percent: int = 0
     container: ctr.Container | None = None
+    alloc: Any = None  # the kubelet's ContainerAllocation (tests/support/kubelet.py)
     seen: dict[str, Any] = field(default_factory=dict)  # what it reported in phase 1
     share_before: float = 0.0  # measured SM use without the monitor (percent)
     share_after: float = 0.0  # ... with the monitor
@@ -247,6 +256,7 @@ class Demo:
 
         for pod in self.pods:
             alloc = self.kubelet.admit("default", pod.name, "main", count=pod.vgpus)
+            pod.alloc = alloc
             pod.token = alloc.envs.get(TOKEN_ENV, "")
             if not pod.token or alloc.annotations.get(TOKEN_ANNOTATION) != pod.token:
                 raise StepFailed(f"Allocate for {pod.name} carried no allocation token: {alloc.envs}")
@@ -287,7 +297,7 @@ class Demo:
         over = slice_ + 64 * MiB  # past the slice (the physical GPU still has plenty free)
         fit = int(slice_ * 0.8) // MiB * MiB  # most of the slice (pod-b's is more than pod-a's whole slice)
         hold = int(slice_ * 0.4) // MiB * MiB  # held during the compute phase
-        burn = self.build / "fakegpu" / "fakegpu-burn"  # driver API only: runs on the real libcuda too
+        burn = CTR_BURN  # build/fakegpu/fakegpu-burn, driver API only: runs on the real libcuda too
         python = os.path.realpath(sys.executable)
         import pynvml
 
@@ -305,33 +315,59 @@ step burn $B --alloc {hold} --kernel-us {self.kernel_us} --seconds 600
 sleep 600
 """
 
+    def _gpu_runtime(self) -> tuple[str, dict[str, str], str]:
+        """The runtime binary that brings the GPU (path, its environment, a note for the log):
+        the simulated toolkit's nvidia-container-runtime with a toolkit config of the demo's own;
+        on a real node the installed nvidia-container-runtime with the node's config; a GPU
+        node without the toolkit: plain runc ("" note = the demo injects the driver itself)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEGPU_", "LD_", "NVIDIA_CTK_"))}
+        if self.gpu is not None:
+            from tests.fakegpu import toolkit
+
+            cfg = toolkit.write_toolkit_config(
+                self.work / "toolkit" / "config.toml", self.gpu, container_lib_dir=CTR_LIB_DIR
+            )
+            env["NVIDIA_CTK_CONFIG_FILE_PATH"] = str(cfg)  # as containerd's environment would carry it
+            return str(toolkit.RUNTIME), env, f"the simulated toolkit's nvidia-container-runtime ({cfg})"
+        real = shutil.which("nvidia-container-runtime")
+        if real:
+            return real, dict(os.environ), real
+        return "runc", dict(os.environ), ""
+
     def run_containers(self) -> list[Pod]:
         if not ctr.have_runc():
             raise StepFailed("runc and /bin/busybox are needed (apt-get install runc busybox-static)")
         self.runc_root.mkdir(parents=True, exist_ok=True)
         hooks = self._hooks()
-        extra = [str(self.build / "fakegpu")] + (_driver_lib_dirs() if self.real else [])
-        mounts, links = ctr.host_mounts(extra)
-        gpu_files: list[dict[str, Any]] = []
-        devices: list[dict[str, Any]] = []
-        if self.gpu is not None:
-            for f in (self.gpu.state_path, self.gpu.config_path):
-                gpu_files.append({"destination": str(f), "type": "bind", "source": str(f), "options": ["bind", "rw"]})
-        else:
-            devices = _nvidia_devices()
+        runtime, runtime_env, via = self._gpu_runtime()
+        manual = not via  # a GPU node without NVIDIA's runtime: driver libs and nodes by hand
+        mounts, links = ctr.host_mounts(_driver_lib_dirs() if manual else [])
+        devices = _nvidia_devices() if manual else []
+        burn = {
+            "destination": CTR_BURN,
+            "type": "bind",
+            "source": str(self.build / "fakegpu" / "fakegpu-burn"),
+            "options": ["bind", "ro"],
+        }
         for pod in self.pods:
             cid = f"{pod.name}-{os.getpid()}"  # runc root and state dir are the demo's own
-            env = {
-                TOKEN_ENV: pod.token,
-                "NVIDIA_VISIBLE_DEVICES": pod.uuid,
-                "LD_LIBRARY_PATH": str(self.build / "fakegpu") if self.gpu is not None else "",
-            }
-            if self.gpu is not None:
-                env.update(
-                    FAKEGPU_CONFIG=str(self.gpu.config_path),
-                    FAKEGPU_STATE=str(self.gpu.state_path),
-                    FAKEGPU_VISIBLE_DEVICES=pod.uuid,
-                )  # what the NVIDIA toolkit does with NVIDIA_VISIBLE_DEVICES
+            alloc = pod.alloc
+            if alloc is None or alloc.cdi_devices:
+                raise StepFailed(
+                    f"{pod.name}: the demo takes env, mounts and annotations from Allocate, not CDI devices"
+                )
+            # What containerd makes of the Allocate response: its env, its mounts, its annotations
+            # (container_annotations passes them through), plus the image's own env.
+            env = {"LD_LIBRARY_PATH": CTR_LIB_DIR, **alloc.envs}
+            alloc_mounts = [
+                {
+                    "destination": m.container_path,
+                    "type": "bind",
+                    "source": m.host_path,
+                    "options": ["rbind", "ro" if m.read_only else "rw"],
+                }
+                for m in alloc.mounts
+            ]
             c = ctr.Container(
                 cid=cid,
                 bundle=self.work / "bundles" / pod.name,
@@ -340,7 +376,7 @@ sleep 600
                 pod=pod.name,
                 name="main",
                 env=env,
-                mounts=list(gpu_files),
+                mounts=[burn, *alloc_mounts],
             )
             pod.container = c
             c.out.mkdir(parents=True, exist_ok=True)
@@ -350,20 +386,25 @@ sleep 600
                 c,
                 script,
                 hooks=hooks,
-                annotations={TOKEN_ANNOTATION: pod.token},
+                annotations=dict(alloc.annotations),
                 mounts=mounts,
                 links=links,
                 devices=devices,
             )
             self.stack.callback(ctr.stop, self.runc_root, c)
             try:
-                ctr.start(self.runc_root, c)
+                ctr.start(self.runc_root, c, runtime, runtime_env)
             except RuntimeError as e:
                 raise StepFailed(f"{pod.name}: {e}") from None
             self.log(
                 f"[3] runc started {pod.name} (pid {c.pid}); prestart hook set up its vGPU "
                 f"({self.state_dir / 'containers' / cid})"
             )
+            if via:
+                gpu = ", ".join(f"{k}={v}" for k, v in alloc.envs.items() if k != TOKEN_ENV)
+                self.log(f"    its GPU ({gpu}) came through {via}")
+            else:
+                self.log("    no nvidia-container-runtime on this node: the demo mounted the driver itself")
         return self.pods
 
     def isolation(self, timeout: float = 60) -> list[Pod]:
