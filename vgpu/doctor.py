@@ -228,7 +228,8 @@ class Doctor:
             )
         else:
             where = f"effective config from {f.source}" + (f" ({f.source_note})" if f.source_note else "")
-            self.add("containerd", "OK", f"containerd {f.containerd_version or '?'}, {o.containerd_config}, {where}")
+            version = f.containerd_version or "(version unknown)"
+            self.add("containerd", "OK", f"containerd {version}, {o.containerd_config}, {where}")
 
     def check_node_type(self, f: NodeFacts) -> None:
         side = _sidecar(self.root, f.containerd_config)
@@ -248,6 +249,15 @@ class Doctor:
         self.add("node-type", "OK", desc + (f" -> {nv.binary_name}" if nv is not None else ""))
 
     def check_handler(self, f: NodeFacts) -> dict[str, Any] | None:
+        """The `vgpu-handler` check, then `vgpu-base-spec` (returns our base spec, when readable)."""
+        start = len(self.checks)
+        spec = self._check_handler(f)
+        handler = [c for c in self.checks[start:] if c.name == "vgpu-handler"]
+        rest = [c for c in self.checks[start:] if c.name != "vgpu-handler"]
+        self.checks[start:] = handler + rest
+        return spec
+
+    def _check_handler(self, f: NodeFacts) -> dict[str, Any] | None:
         name = self.opts.handler
         h = f.handler(name)
         if h is None:
