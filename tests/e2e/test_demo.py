@@ -3,8 +3,9 @@
 The simulated GPU (one 10 GiB device), the real `vgpu-device-plugin` registered with the kubelet
 stand-in, two containers under the distribution's runc with the hooks `vgpu-hook containerd
 install` writes, created through the simulated toolkit's nvidia-container-runtime (the GPU
-arrives only through it, selected by the Allocate response), the real `vgpu-monitor`, its /metrics over HTTP.  Timing-dependent checks
-(compute shares) have generous tolerances; `make bench-shares` measures precisely.
+arrives only through it, selected by the Allocate response), the real `vgpu-monitor`, its
+/metrics over HTTP.  Timing-dependent checks (compute shares) have generous tolerances;
+`make bench-shares` measures precisely.
 """
 
 from __future__ import annotations
