@@ -1,0 +1,79 @@
+"""The real `vgpu-scheduler` process against the API stand-in."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from tests.scheduler.helpers import decision_of, gpu_node, vgpu_pod, wait_for
+from tests.support.kubeapi import KubeAPI
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vgpu_scheduler", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_invalid_flags_exit_2(tmp_path: Path) -> None:
+    r = run("--node-policy", "random", "--kubeconfig", str(tmp_path / "none"))
+    assert r.returncode == 2 and "invalid configuration" in r.stderr
+    r = run("--kubeconfig", str(tmp_path / "none"))
+    assert r.returncode == 2 and "no Kubernetes API configuration" in r.stderr
+    r = run("--help")
+    assert r.returncode == 0 and "--gpu-policy" in r.stdout and "--leader-elect" in r.stdout
+
+
+def test_process_serves_filter_and_stops_on_sigterm(kubeapi: KubeAPI, tmp_path: Path) -> None:
+    kubeapi.create("nodes", gpu_node("n1"))
+    pod = kubeapi.create("pods", vgpu_pod("p", mem=4096, cores=30))
+    kc = kubeapi.write_kubeconfig(tmp_path / "kubeconfig")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vgpu_scheduler",
+            "--bind",
+            "127.0.0.1:0",
+            "--kubeconfig",
+            str(kc),
+            "--gpu-policy",
+            "binpack",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "serving on" in line, line + (proc.stderr.read() if proc.stderr else "")
+        url = "http://" + line.split("serving on ")[1].strip()
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+                    return bool(json.loads(r.read())["ready"])
+            except OSError:
+                return False
+
+        wait_for(ready, 20, "readyz")
+        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": ["n1"]}).encode()
+        req = urllib.request.Request(url + "/filter", body, {"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.loads(r.read())["NodeNames"] == ["n1"]
+        d = decision_of(kubeapi, "p")
+        assert d is not None and d.containers[0].gpus[0].cores == 30
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
