@@ -1,0 +1,362 @@
+"""The chart's scheduler part (templates/scheduler-*.yaml, webhook-*.yaml): rendered with Helm's
+own engine (as tests/packaging/test_helm.py), every object valid for the kubernetes client models,
+the KubeSchedulerConfiguration decoded against the v1 schema, the containers' flags parsed by the
+real `vgpu-scheduler` parser, and the cert Job's `python -m vgpu.certgen` run against the API
+stand-in: the certificate it stores serves TLS that verifies with the caBundle it wrote."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.packaging import k8svalidate
+from tests.packaging.test_helm import ROOT, by_kind, render
+from tests.support.kubeapi import KubeAPI
+from vgpu import certgen
+
+pytestmark = pytest.mark.timeout(180)
+
+MODELS = {
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("batch/v1", "Job"): "V1Job",
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): "V1MutatingWebhookConfiguration",
+}
+ON = {"scheduler": {"enabled": True}}
+
+
+def validate(obj: dict[str, Any]) -> list[str]:
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    if key not in MODELS:
+        return k8svalidate.validate(obj)
+    api = client.ApiClient()
+    inst = api._ApiClient__deserialize(obj, MODELS[key])  # type: ignore[attr-defined]
+    problems: list[str] = []
+    k8svalidate._diff(obj, api.sanitize_for_serialization(inst), str(key[1]), problems)
+    return problems
+
+
+def assert_valid(objects: list[dict[str, Any]]) -> None:
+    problems = {
+        f"{o['kind']}/{o['metadata']['name']}": validate(o)
+        for o in objects
+        if not o["apiVersion"].startswith(("cert-manager.io/", "monitoring.coreos.com/"))
+    }
+    assert {k: v for k, v in problems.items() if v} == {}
+
+
+# --- kubescheduler.config.k8s.io/v1 (kubernetes/kube-scheduler config/v1/types.go), the fields we use ---
+class LeaderElection(msgspec.Struct, forbid_unknown_fields=True):
+    leaderElect: bool
+    resourceLock: str
+    resourceName: str
+    resourceNamespace: str
+
+
+class Profile(msgspec.Struct, forbid_unknown_fields=True):
+    schedulerName: str
+
+
+class ManagedResource(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    ignoredByScheduler: bool
+
+
+class Extender(msgspec.Struct, forbid_unknown_fields=True):
+    urlPrefix: str
+    filterVerb: str = ""
+    preemptVerb: str = ""
+    prioritizeVerb: str = ""
+    weight: int = 0
+    bindVerb: str = ""
+    enableHTTPS: bool = False
+    httpTimeout: str = ""
+    nodeCacheCapable: bool = False
+    managedResources: list[ManagedResource] = []
+    ignorable: bool = False
+
+
+class KubeSchedulerConfiguration(msgspec.Struct, forbid_unknown_fields=True):
+    apiVersion: str
+    kind: str
+    leaderElection: LeaderElection
+    profiles: list[Profile]
+    extenders: list[Extender]
+
+
+def one(objects: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
+    [o] = [o for o in by_kind(objects, kind) if o["metadata"]["name"].endswith(suffix)]
+    return o
+
+
+def certgen_jobs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in by_kind(objects, "Job") if o["metadata"]["name"].endswith("-certgen")]
+
+
+def containers(dep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+
+
+def test_off_by_default() -> None:
+    objects = render()
+    assert not [o for o in objects if "scheduler" in o["metadata"]["name"] or "webhook" in o["metadata"]["name"]]
+    # The device plugin may read and annotate its node's pods (decisions) in every install.
+    role = one(objects, "ClusterRole", "device-plugin")
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]} in role["rules"]
+
+
+def test_enabled_render_is_valid() -> None:
+    objects = render(ON)
+    assert_valid(objects)
+    kinds = sorted(
+        o["kind"] for o in objects if "scheduler" in o["metadata"]["name"] or "webhook" in o["metadata"]["name"]
+    )
+    assert kinds == sorted(
+        ["ConfigMap", "Deployment", "ServiceAccount", "ClusterRole", "Role", "RoleBinding", "RoleBinding"]
+        + ["ClusterRoleBinding"] * 3
+        + ["Service", "MutatingWebhookConfiguration"]
+        + ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Job"]  # cert Job
+    )
+
+
+def test_kube_scheduler_configuration() -> None:
+    objects = render(ON)
+    cm = one(objects, "ConfigMap", "-scheduler")
+    cfg = msgspec.convert(yaml.safe_load(cm["data"]["config.yaml"]), KubeSchedulerConfiguration)
+    assert (cfg.apiVersion, cfg.kind) == ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration")
+    assert [p.schedulerName for p in cfg.profiles] == ["vgpu-scheduler"]
+    assert cfg.leaderElection.leaderElect and cfg.leaderElection.resourceNamespace == "kube-system"
+    [ext] = cfg.extenders
+    assert (ext.filterVerb, ext.prioritizeVerb, ext.bindVerb) == ("filter", "prioritize", "bind")
+    assert ext.nodeCacheCapable and not ext.enableHTTPS and not ext.ignorable
+    assert ext.urlPrefix == "http://127.0.0.1:8090" and ext.httpTimeout == "30s"
+    assert {m.name: m.ignoredByScheduler for m in ext.managedResources} == {
+        "nvidia.com/gpu": False,  # vGPU slots are node allocatable: kube-scheduler counts them too
+        "nvidia.com/gpumem": True,
+        "nvidia.com/gpumem-percentage": True,
+        "nvidia.com/gpucores": True,
+    }
+    dep = one(objects, "Deployment", "-scheduler")
+    c = containers(dep)
+    assert "--config=/etc/vgpu-scheduler/config.yaml" in c["kube-scheduler"]["command"]
+    [vol] = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    assert vol["configMap"]["name"] == cm["metadata"]["name"]
+    # the extender listens where kube-scheduler calls it
+    assert "--bind=127.0.0.1:8090" in c["vgpu-scheduler"]["args"]
+
+
+def test_kube_scheduler_image_tag() -> None:
+    objects = render({"scheduler": {"enabled": True, "kubeScheduler": {"imageTag": "v1.31.2"}}})
+    image = containers(one(objects, "Deployment", "-scheduler"))["kube-scheduler"]["image"]
+    assert image == "registry.k8s.io/kube-scheduler:v1.31.2"
+    image = containers(one(render(ON), "Deployment", "-scheduler"))["kube-scheduler"]["image"]
+    tag = image.rpartition(":")[2]
+    assert tag.startswith("v1.") and "+" not in tag  # the cluster's version
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="vgpu_scheduler/__main__.py makes int fields whose default is 0 or 1 boolean flags "
+    "(`f.default in (True, False)`): --default-gpumem-mib=2048 and --default-gpu-count=N are refused",
+)
+def test_flags_parse_with_the_real_parser() -> None:
+    from vgpu_scheduler.__main__ import config_from, parser
+
+    objects = render(
+        {
+            "scheduler": {
+                "enabled": True,
+                "nodePolicy": "spread",
+                "gpuPolicy": "binpack",
+                "defaultGpumemMiB": 2048,
+                "defaultGpucores": 20,
+                "overwriteDefaultScheduler": False,
+                "name": "my-vgpu",
+            }
+        },
+        namespace="gpu-system",
+    )
+    c = containers(one(objects, "Deployment", "-scheduler"))
+    ext = parser().parse_args(c["vgpu-scheduler"]["args"])
+    cfg = config_from(ext)
+    assert (cfg.scheduler_name, cfg.node_policy, cfg.gpu_policy) == ("my-vgpu", "spread", "binpack")
+    assert (cfg.default_gpumem_mib, cfg.default_gpucores, cfg.overwrite_default_scheduler) == (2048, 20, False)
+    assert cfg.leader_elect and cfg.lease_namespace == "gpu-system"
+    hook = parser().parse_args(c["vgpu-webhook"]["args"])
+    wcfg = config_from(hook)
+    assert (wcfg.scheduler_name, wcfg.default_gpumem_mib) == ("my-vgpu", 2048)  # same sizing rules
+    assert hook.bind == "0.0.0.0:9443" and hook.cert_file.endswith("tls.crt")
+    # The webhook process never leads (its verbs refuse to write): its Lease is where it cannot write.
+    assert wcfg.leader_elect and wcfg.lease_namespace != "gpu-system"
+    role = one(objects, "Role", "-scheduler-leases")
+    assert role["metadata"]["namespace"] == "gpu-system"
+    cm = one(objects, "ConfigMap", "-scheduler")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["profiles"] == [{"schedulerName": "my-vgpu"}]
+
+
+def test_webhook_configuration() -> None:
+    objects = render(ON)
+    mwc = one(objects, "MutatingWebhookConfiguration")
+    [wh] = mwc["webhooks"]
+    assert wh["admissionReviewVersions"] == ["v1"] and wh["sideEffects"] == "None"
+    assert wh["failurePolicy"] == "Ignore" and wh["timeoutSeconds"] == 10
+    assert any(
+        "CREATE" in r["operations"] and "pods" in r["resources"] and "" in r["apiGroups"] and "v1" in r["apiVersions"]
+        for r in wh["rules"]
+    )
+    assert "caBundle" not in wh["clientConfig"]  # written by the cert Job
+    svc_ref = wh["clientConfig"]["service"]
+    svc = one(objects, "Service", "-webhook")
+    assert (svc_ref["name"], svc_ref["namespace"], svc_ref["path"]) == (
+        svc["metadata"]["name"],
+        "kube-system",
+        "/webhook",
+    )
+    assert svc_ref["port"] == svc["spec"]["ports"][0]["port"] == 443
+    dep = one(objects, "Deployment", "-scheduler")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    port = containers(dep)["vgpu-webhook"]["ports"][0]
+    assert port["name"] == svc["spec"]["ports"][0]["targetPort"] and port["containerPort"] == 9443
+    exprs = wh["namespaceSelector"]["matchExpressions"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in exprs
+    # the TLS Secret the webhook mounts is the one the cert Job writes
+    [tls] = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    job = one(objects, "Job", "-certgen")
+    cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    args = certgen.parser().parse_args(cmd[3:])
+    assert cmd[:3] == ["python3", "-m", "vgpu.certgen"]
+    assert (args.secret, args.webhook_config, args.service, args.namespace) == (
+        tls["secret"]["secretName"],
+        mwc["metadata"]["name"],
+        svc["metadata"]["name"],
+        "kube-system",
+    )
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    sa = job["spec"]["template"]["spec"]["serviceAccountName"]
+    [crb] = [o for o in by_kind(objects, "ClusterRoleBinding") if o["subjects"][0]["name"] == sa]
+    cr = one(objects, "ClusterRole", crb["roleRef"]["name"])
+    assert cr["rules"] == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["mutatingwebhookconfigurations"],
+            "resourceNames": [mwc["metadata"]["name"]],
+            "verbs": ["get", "patch"],
+        }
+    ]
+
+
+def test_webhook_off_and_cert_manager() -> None:
+    objects = render({"scheduler": {"enabled": True, "webhook": {"enabled": False}}})
+    assert not by_kind(objects, "MutatingWebhookConfiguration") and not certgen_jobs(objects)
+    assert set(containers(one(objects, "Deployment", "-scheduler"))) == {"kube-scheduler", "vgpu-scheduler"}
+    objects = render(
+        {"scheduler": {"enabled": True, "webhook": {"certManager": {"enabled": True}, "failurePolicy": "Fail"}}}
+    )
+    assert_valid(objects)
+    assert not certgen_jobs(objects)
+    mwc = one(objects, "MutatingWebhookConfiguration")
+    cert = one(objects, "Certificate")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"kube-system/{cert['metadata']['name']}"
+    assert mwc["webhooks"][0]["failurePolicy"] == "Fail"
+    [tls] = [v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert cert["spec"]["secretName"] == tls["secret"]["secretName"]
+    assert cert["spec"]["issuerRef"]["name"] == one(objects, "Issuer")["metadata"]["name"]
+
+
+def test_scheduler_rbac() -> None:
+    objects = render(ON)
+    dep = one(objects, "Deployment", "-scheduler")
+    sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    bound = {
+        o["roleRef"]["name"]
+        for o in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding")
+        if o["subjects"][0]["name"] == sa
+    }
+    assert {"system:kube-scheduler", "system:volume-scheduler", "extension-apiserver-authentication-reader"} <= bound
+    role = one(objects, "ClusterRole", "-scheduler")
+    rules = {(tuple(r["apiGroups"]), r["resources"][0]): set(r["verbs"]) for r in role["rules"]}
+    assert {"list", "watch", "patch"} <= rules[(("",), "pods")]
+    assert rules[(("",), "pods/binding")] == {"create"}
+    assert {"list", "watch"} <= rules[(("",), "nodes")]
+    leases = one(objects, "Role", "-scheduler-leases")
+    assert leases["rules"][0]["resources"] == ["leases"] and "create" in leases["rules"][0]["verbs"]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"scheduler": {"nodePolicy": "fast"}},
+        {"scheduler": {"webhook": {"failurePolicy": "Maybe"}}},
+        {"scheduler": {"defaultGpucores": 101}},
+        {"scheduler": {"replicas": 0}},
+        {"scheduler": {"httpTimeout": "30"}},
+    ],
+    ids=lambda v: json.dumps(v),
+)
+def test_schema_rejects_bad_values(values: dict[str, Any]) -> None:
+    from tests.packaging.test_helm import helm
+
+    with pytest.raises(helm.HelmError, match="at '/"):
+        render(values)
+
+
+def test_cert_job_against_the_api(tmp_path: Path) -> None:
+    """The Job's own command, run against the API stand-in: Secret + caBundle, TLS verifies; idempotent."""
+    objects = render(ON)
+    mwc = one(objects, "MutatingWebhookConfiguration")
+    cmd = one(objects, "Job", "-certgen")["spec"]["template"]["spec"]["containers"][0]["command"]
+    with KubeAPI() as api:
+        api.create("mutatingwebhookconfigurations", mwc, api_version="admissionregistration.k8s.io/v1")
+        kc = api.write_kubeconfig(tmp_path / "kubeconfig")
+
+        def job() -> str:
+            r = subprocess.run(
+                [sys.executable, *cmd[1:], f"--kubeconfig={kc}"], cwd=ROOT, capture_output=True, text=True, timeout=120
+            )
+            assert r.returncode == 0, r.stderr
+            return r.stdout
+
+        assert "created" in job()
+        args = certgen.parser().parse_args(cmd[3:])
+        secret = api.get("secrets", args.secret, "kube-system")
+        assert secret["type"] == "kubernetes.io/tls"
+        data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        ca_bundle = api.get("mutatingwebhookconfigurations", mwc["metadata"]["name"])["webhooks"][0]["clientConfig"]
+        assert base64.b64decode(ca_bundle["caBundle"]).decode() == data["ca.crt"]
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            (tmp_path / name).write_text(data[name])
+        _handshake(tmp_path, f"{args.service}.kube-system.svc")
+        assert "kept" in job()  # helm upgrade: the certificate stays, caBundle is written again
+        assert api.get("secrets", args.secret, "kube-system")["data"] == secret["data"]
+
+
+def _handshake(d: Path, host: str) -> None:
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(d / "tls.crt", d / "tls.key")
+    with socket.socket() as ls:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(1)
+
+        def serve() -> None:
+            conn, _ = ls.accept()
+            with server.wrap_socket(conn, server_side=True) as s:
+                s.sendall(b"ok")
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        verify = ssl.create_default_context(cafile=str(d / "ca.crt"))  # hostname checked too
+        with socket.create_connection(ls.getsockname()) as raw, verify.wrap_socket(raw, server_hostname=host) as s:
+            assert s.recv(2) == b"ok"
+        t.join(5)
