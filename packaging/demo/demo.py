@@ -1,6 +1,6 @@
 """`make demo`: the whole k8s-vgpu node stack on one GPU, with real runc (root needed).
 
-    python packaging/demo/demo.py [--gpu auto|simulated|real] [--keep]
+    python packaging/demo/demo.py [--gpu auto|simulated|real] [--keep] [--device-list-strategy S]
 
 On a machine without an NVIDIA GPU it runs on the simulated driver (tests/fakegpu); with one
 (device nodes + nvidia-smi), `--gpu auto` uses the real GPU and its libcuda.  Prints each step
@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", choices=["auto", "simulated", "real"], default=os.environ.get("VGPU_DEMO_GPU", "auto"))
     p.add_argument("--build-dir", default=str(ROOT / "build"))
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, bundles, state)")
+    p.add_argument(
+        "--device-list-strategy",
+        choices=["envvar", "volume-mounts", "cdi-annotations"],
+        default="envvar",
+        help="how the device plugin names the GPU for the NVIDIA runtime (default envvar)",
+    )
     a = p.parse_args(argv)
     if os.geteuid() != 0:
         print("make demo: runs containers with runc: run it as root", file=sys.stderr)
@@ -45,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
 
         workdir = Path(tempfile.mkdtemp(prefix="vgpu-demo-"))
-    demo = scenario.Demo(Path(a.build_dir), real_gpu=real, workdir=workdir, log=lambda s: print(s, flush=True))
+    demo = scenario.Demo(
+        Path(a.build_dir),
+        real_gpu=real,
+        workdir=workdir,
+        log=lambda s: print(s, flush=True),
+        device_list_strategy=a.device_list_strategy,
+    )
     try:
         with demo:
             demo.start_gpu()

@@ -182,3 +182,33 @@ def test_ctrl_c_cleans_up_everything(build_dir: Path) -> None:
             if str(work) in cmd:
                 leftovers.append(cmd.replace("\0", " "))
     assert leftovers == []
+
+
+@pytest.mark.parametrize("strategy", ["volume-mounts", "cdi-annotations"])
+def test_gpu_selection_strategies(build_dir: Path, tmp_path: Path, strategy: str) -> None:
+    """The Allocate response of each strategy selects the GPU through the stand-in NVIDIA runtime
+    (volume mounts with the secure toolkit flags; CDI annotations, so the runtime runs in cdi
+    mode): each container sees exactly its slice of that GPU."""
+    lines: list[str] = []
+    with scenario.Demo(build_dir, workdir=tmp_path / "demo", log=lines.append, device_list_strategy=strategy) as demo:
+        demo.start_gpu()
+        demo.start_plugin()
+        pods = demo.admit()
+        for p in pods:
+            assert "NVIDIA_VISIBLE_DEVICES" not in p.alloc.envs or strategy == "volume-mounts"
+        demo.run_containers()
+        for p in pods:
+            assert p.container is not None
+            spec = json.loads((p.container.bundle / "config.json").read_text())
+            env = spec["process"]["env"]
+            hooks = [h["path"] for h in spec["hooks"]["prestart"]]
+            if strategy == "cdi-annotations":  # cdi mode: edits applied, no NVIDIA hook
+                assert "NVIDIA_VISIBLE_DEVICES=void" in env and len(hooks) == 1
+                assert [d["path"] for d in spec["linux"]["devices"]] == ["/dev/nvidiactl", "/dev/nvidia0"]
+            else:
+                assert "NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices" in env
+                assert hooks[-1].endswith("/nvidia-container-runtime-hook")
+        demo.isolation()
+        for p in pods:
+            assert [d["total"] for d in p.seen["nvml"]["json"]] == [p.memory_limit]
+            assert p.seen["info"]["json"]["mem_total"] == p.memory_limit

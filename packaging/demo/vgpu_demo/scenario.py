@@ -124,7 +124,12 @@ class Demo:
         log: Callable[[str], None] = print,
         workdir: Path | None = None,
         burn_kernel_us: int = 100,
+        device_list_strategy: str = "envvar",
     ) -> None:
+        # How Allocate names the GPU (device_plugin/strategy.py); the simulated toolkit is
+        # configured as a node using it would be: volume-mounts with the secure pair of flags,
+        # cdi-annotations with a CDI spec of the GPU in its spec dir.
+        self.strategy = device_list_strategy
         self.build = Path(build_dir).resolve()
         self.real = real_gpu
         self.log = log
@@ -234,6 +239,8 @@ class Demo:
                 str(self.state_dir),
                 "--device-split-count",
                 str(SPLIT),
+                "--device-list-strategy",
+                self.strategy,
                 "--log-level",
                 "info",
             ],
@@ -260,7 +267,7 @@ class Demo:
             pod.token = alloc.envs.get(TOKEN_ENV, "")
             if not pod.token or alloc.annotations.get(TOKEN_ANNOTATION) != pod.token:
                 raise StepFailed(f"Allocate for {pod.name} carried no allocation token: {alloc.envs}")
-            if alloc.envs.get("NVIDIA_VISIBLE_DEVICES") != self.uuid:
+            if self.strategy == "envvar" and alloc.envs.get("NVIDIA_VISIBLE_DEVICES") != self.uuid:
                 raise StepFailed(f"{pod.name}: NVIDIA_VISIBLE_DEVICES={alloc.envs.get('NVIDIA_VISIBLE_DEVICES')!r}")
             rec = schemas.read_record(Paths(str(self.state_dir)).allocation_record(pod.token))
             [g] = rec.gpus
@@ -324,9 +331,14 @@ sleep 600
         if self.gpu is not None:
             from tests.fakegpu import toolkit
 
-            cfg = toolkit.write_toolkit_config(
-                self.work / "toolkit" / "config.toml", self.gpu, container_lib_dir=CTR_LIB_DIR
-            )
+            flags: dict[str, Any] = {"container_lib_dir": CTR_LIB_DIR}
+            if self.strategy == "volume-mounts":  # NVIDIA's "preventing unprivileged access" setup
+                flags.update(accept_volume_mounts=True, accept_envvar_unprivileged=False)
+            if self.strategy.startswith("cdi"):
+                spec_dir = self.work / "cdi"
+                toolkit.write_cdi_spec(spec_dir, self.gpu, container_lib_dir=CTR_LIB_DIR)
+                flags["spec_dirs"] = [spec_dir]
+            cfg = toolkit.write_toolkit_config(self.work / "toolkit" / "config.toml", self.gpu, **flags)
             env["NVIDIA_CTK_CONFIG_FILE_PATH"] = str(cfg)  # as containerd's environment would carry it
             return str(toolkit.RUNTIME), env, f"the simulated toolkit's nvidia-container-runtime ({cfg})"
         real = shutil.which("nvidia-container-runtime")
@@ -401,7 +413,10 @@ sleep 600
                 f"({self.state_dir / 'containers' / cid})"
             )
             if via:
-                gpu = ", ".join(f"{k}={v}" for k, v in alloc.envs.items() if k != TOKEN_ENV)
+                sel = [f"{k}={v}" for k, v in alloc.envs.items() if k != TOKEN_ENV]
+                sel += [f"mount {m.container_path}" for m in alloc.mounts]
+                sel += [f"{k}={v}" for k, v in alloc.annotations.items() if k != TOKEN_ANNOTATION]
+                gpu = ", ".join(sel)
                 self.log(f"    its GPU ({gpu}) came through {via}")
             else:
                 self.log("    no nvidia-container-runtime on this node: the demo mounted the driver itself")
