@@ -642,7 +642,8 @@ def show(args: argparse.Namespace, cfg: Any) -> int:
         out.write(f"# handler `{args.handler}`: {src}, BinaryName {c.binary or '(runc on PATH)'}\n")
     for n in plan.notes:
         out.write(f"# {n}\n")
-    for path, text in plan.files.items():
+    for path in sorted(plan.files, key=lambda p: p.endswith(".json")):  # the configs first, the base spec last
+        text = plan.files[path]
         old = plan.old.get(path)
         if old == text:
             out.write(f"# {path}: unchanged\n")
