@@ -1,0 +1,164 @@
+"""End to end with the scheduler: a pod asking `nvidia.com/gpumem: 3072` and `nvidia.com/gpucores: 30`
+goes through the webhook, kube-scheduler's extender calls (filter → prioritize → bind) and the
+kubelet's Allocate, and the container sees 3072 MiB in cuMemGetInfo.
+
+Real parts: `vgpu-scheduler` (extender + webhook over HTTP) and `vgpu-device-plugin` as processes,
+the Kubernetes API stand-in (tests/support/kubeapi.py, real HTTP) and the kube-scheduler stand-in
+(tests/support/kubescheduler.py) and kubelet stand-in (tests/support/kubelet.py, gRPC over unix
+sockets), the simulated GPU, runc from the distribution with our prestart hook (the demo's
+harness, packaging/demo/vgpu_demo).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_DIR = ROOT / "packaging" / "demo"
+if str(DEMO_DIR) not in sys.path:
+    sys.path.insert(0, str(DEMO_DIR))
+
+from vgpu_demo import scenario  # noqa: E402
+
+from tests.support.kubeapi import KubeAPI, apply_json_patch, node_object, pod_object  # noqa: E402
+from tests.support.kubescheduler import ExtenderConfig, KubeScheduler  # noqa: E402
+from vgpu import scheduling as sc  # noqa: E402
+from vgpu.paths import Paths  # noqa: E402
+from vgpu.schemas import read_record  # noqa: E402
+
+MiB = 1 << 20
+NODE = "gpu-node-1"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("runc") is None or not os.path.exists("/bin/busybox"),
+        reason="needs root, runc and busybox-static",
+    ),
+    pytest.mark.timeout(300),
+]
+
+
+def _wait(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _admission(url: str, pod: dict[str, Any]) -> dict[str, Any]:
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "e2e-1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "default",
+            "name": pod["metadata"]["name"],
+            "object": pod,
+        },
+    }
+    req = urllib.request.Request(
+        f"{url}/webhook", json.dumps(review).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        out: dict[str, Any] = json.loads(r.read())["response"]
+    assert out["allowed"], out
+    return out
+
+
+def test_decided_size_reaches_the_container(build_dir: Path, tmp_path: Path) -> None:
+    with KubeAPI() as api, scenario.Demo(build_dir, workdir=tmp_path / "demo", log=lambda _l: None) as demo:
+        api.create("nodes", node_object(NODE, gpus=scenario.SPLIT))
+        kc = api.write_kubeconfig(tmp_path / "kubeconfig")
+
+        # 1. the simulated 10 GiB GPU; the device plugin publishes inventory v2 on its Node
+        gpu = demo.start_gpu()
+        demo.env["KUBECONFIG"] = str(kc)
+        demo.env["NODE_NAME"] = NODE
+        demo.start_plugin()
+
+        def inventory() -> sc.NodeInventory | None:
+            text = api.get("nodes", NODE)["metadata"].get("annotations", {}).get(sc.INVENTORY_ANNOTATION)
+            return sc.decode_inventory(text) if text else None
+
+        inv = _wait(inventory, 30, "the node inventory annotation")
+        assert [g.uuid for g in inv.gpus] == [gpu["uuid"]] and inv.gpus[0].memory_schedulable == gpu["memory"]
+
+        # 2. the extender + webhook process
+        sched = demo._spawn(
+            [sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc)],
+            "vgpu-scheduler",
+        )
+
+        def port() -> int:
+            assert sched.poll() is None, demo.tail("vgpu-scheduler")
+            m = re.search(r"serving on 127\.0\.0\.1:(\d+)", demo.tail("vgpu-scheduler", 50))
+            return int(m.group(1)) if m else 0
+
+        url = f"http://127.0.0.1:{_wait(port, 30, 'vgpu-scheduler to serve')}"
+
+        # 3. the pod, through the webhook (schedulerName set, sizes validated), then created
+        pod = pod_object("train", [("main", {sc.RESOURCE_GPU: "1", sc.RESOURCE_MEM: "3072", sc.RESOURCE_CORES: "30"})])
+        review = _admission(url, pod)
+        if review.get("patch"):
+            pod = apply_json_patch(pod, json.loads(base64.b64decode(review["patch"])))
+        assert pod["spec"]["schedulerName"] == "vgpu-scheduler"
+        api.create("pods", pod)
+
+        # 4. kube-scheduler's calls: filter (decision written) → prioritize → bind
+        ks = KubeScheduler(api.api_client(), [ExtenderConfig(url_prefix=url)])
+
+        def scheduled() -> bool:
+            res = ks.schedule_one("default", "train")
+            return res.status == "Scheduled"
+
+        _wait(scheduled, 30, "the pod to be scheduled")  # the extender's state follows the Node watch
+        placed = api.get("pods", "train", "default")
+        assert placed["spec"]["nodeName"] == NODE
+        ann = placed["metadata"]["annotations"]
+        d = sc.decode_decision(ann[sc.DECISION_ANNOTATION])
+        assert d.node == NODE
+        [c] = d.containers
+        assert (c.name, [(g.uuid, g.memory, g.cores) for g in c.gpus]) == ("main", [(gpu["uuid"], 3072 * MiB, 30)])
+        assert ann[sc.BIND_PHASE_ANNOTATION] == sc.PHASE_ALLOCATING
+
+        # 5. the kubelet admits it: Allocate honours the decision (3072 MiB, 30 %), not 1/K (1024 MiB, 10 %)
+        demo.pods = [scenario.Pod("train", 1)]
+        [p] = demo.admit()
+        rec = read_record(Paths(str(demo.state_dir)).allocation_record(p.token))
+        assert [(g.uuid, g.memory_limit, g.core_percent) for g in rec.gpus] == [(gpu["uuid"], 3072 * MiB, 30)]
+        ann = api.get("pods", "train", "default")["metadata"]["annotations"]
+        assert json.loads(ann[sc.ALLOCATED_ANNOTATION]) == ["main"]
+        assert ann[sc.BIND_PHASE_ANNOTATION] == sc.PHASE_SUCCESS
+
+        # 6. runc + the hook: the container sees its decided memory (cuMemGetInfo and NVML)
+        demo.run_containers()
+        demo.isolation()
+        assert p.seen["info"]["json"]["mem_total"] == 3072 * MiB  # cuMemGetInfo inside the container
+        assert [g["total"] for g in p.seen["nvml"]["json"]] == [3072 * MiB]
+
+        # 7. the monitor's share for it comes from the record, through the hook's limits file
+        from monitor.containers import Registry
+
+        assert p.container is not None
+        found = Registry(Paths(str(demo.state_dir))).scan()[p.container.cid]
+        assert found.share(gpu["uuid"]) == 30.0 and found.memory_limit(gpu["uuid"]) == 3072 * MiB
