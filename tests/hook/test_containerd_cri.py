@@ -239,6 +239,7 @@ class ShapeEnv(Env):
     gpu: Any
     before: dict[str, bytes]
     install_cmd: list[str]
+    cdi: bool
 
 
 def _add_glibc_program(rootfs: Path, program: Path) -> None:
@@ -251,15 +252,19 @@ def _add_glibc_program(rootfs: Path, program: Path) -> None:
     shutil.copy2(program, rootfs / "bin" / program.name)
 
 
-@pytest.fixture(scope="module", params=ctrd.SHAPES)
+# n3-cdi: N3 without a .legacy runtime: the handler keeps NVIDIA's runtime in cdi mode and the
+# device plugin names the GPU as a CDI device in an annotation (strategy cdi-annotations).
+@pytest.fixture(scope="module", params=[*ctrd.SHAPES, "n3-cdi"])
 def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeEnv]:
     from tests.fakegpu import toolkit as fk
     from tests.fakegpu.harness import FakeGPU
 
     kind = request.param
+    cdi = kind == "n3-cdi"
+    kind = "n3" if cdi else kind
     if not fk.RUNTIME.exists() or not (support.ROOT / "build" / "libvgpu.so").exists():
         pytest.fail("build/fakegpu/nvidia-container-runtime or build/libvgpu.so missing: run `make build-all`")
-    d = tmp_path_factory.mktemp(f"shape-{kind}")
+    d = tmp_path_factory.mktemp(f"shape-{request.param}")
     gpu = FakeGPU(d / "gpu", support.ROOT / "build", gpus=1, memory=16 * GIB)
     c = ctrd.Containerd(d)
     c.snapshotter = "overlayfs" if ctrd.overlay_works(d) else "native"
@@ -270,6 +275,9 @@ def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
     s = ctrd.make_shape(kind, Path("/"), str(d / "host"), base_text=base, runtime_dir=fk.BUILD,
                         toolkit_text=toolkit_text)  # fmt: skip
+    if cdi:
+        s.fs(s.binary + ".legacy").unlink()
+        fk.write_cdi_spec(s.fs(s.hp("/var/run/cdi")), gpu, container_lib_dir=LIB64)  # kind nvidia.com/gpu
     c.config = Path(s.conf)
     before = s.snapshot()
     python, calls = support.recording_python(d)
@@ -280,6 +288,7 @@ def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
                        capture_output=True, text=True, cwd=support.ROOT)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert f"node type {ctrd.EXPECTED_TYPE[kind]}" in r.stdout, r.stdout
+    assert ("cdi-annotations" in r.stdout) == cdi, r.stdout
     img = d / "img"
     support.make_rootfs(img)
     _add_glibc_program(img, support.ROOT / "build" / "fakegpu" / "fakegpu-burn")
@@ -290,7 +299,7 @@ def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         assert r2.returncode == 0, r2.stderr
         chan = grpc.insecure_channel(f"unix://{c.sock}")
         e = ShapeEnv(d, c, cri_grpc.RuntimeServiceStub(chan), lib, calls)
-        e.shape, e.gpu, e.before, e.install_cmd = s, gpu, before, cmd
+        e.shape, e.gpu, e.before, e.install_cmd, e.cdi = s, gpu, before, cmd, cdi
         yield e
         chan.close()
     finally:
@@ -303,8 +312,11 @@ def _run_gpu(env: ShapeEnv, pod: str, sb: Any, name: str, script: str, token: st
     ann = {}
     if token:
         envs.append(cri.KeyValue(key="VGPU_ALLOCATION_TOKEN", value=token))
-        envs.append(cri.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value=env.gpu.uuids[0]))  # the plugin's envvar
         ann["vgpu.k8s.io/allocation-token"] = token
+        if env.cdi:  # as NVIDIA's plugin names devices with cdi-annotations
+            ann["cdi.k8s.io/vgpu-device-plugin_" + token] = f"nvidia.com/gpu={env.gpu.uuids[0]}"
+        else:  # the envvar strategy
+            envs.append(cri.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value=env.gpu.uuids[0]))
     cfg = cri.ContainerConfig(
         metadata=cri.ContainerMetadata(name=name),
         image=cri.ImageSpec(image=ctrd.IMAGE),
