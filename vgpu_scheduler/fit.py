@@ -79,28 +79,6 @@ def _allowed(gpu: GPU, opts: PodOptions) -> str:
     return ""
 
 
-def _room(gpu: GPU, u: Use, mem: int, cores: int) -> str:
-    if u.slots >= gpu.slots:
-        return f"{gpu.uuid}: {u.slots}/{gpu.slots} vGPU slots used"
-    free = gpu.memory - u.memory
-    if free < mem:
-        return f"{gpu.uuid}: {max(free, 0) // MiB} MiB free < {mem // MiB} MiB asked"
-    free_c = gpu.cores - u.cores
-    if free_c < cores:
-        return f"{gpu.uuid}: {max(free_c, 0)}% compute free < {cores}% asked"
-    if cores >= gpu.cores and u.slots > 0:
-        return f"{gpu.uuid}: whole-GPU compute asked, GPU shared by {u.slots} container(s)"
-    if cores == 0 and u.cores >= gpu.cores:
-        return f"{gpu.uuid}: compute fully allocated"
-    return ""
-
-
-def _fraction(gpu: GPU, u: Use, mem: int, cores: int) -> float:
-    f = (u.slots + 1) / gpu.slots + (u.memory + mem) / max(gpu.memory, 1)
-    f += (u.cores + cores) / gpu.cores if gpu.cores else 1.0
-    return f / 3
-
-
 def _pick(cands: list[tuple[float, GPU]], count: int, policy: str, numa_bind: bool) -> tuple[list[GPU] | None, str]:
     """`count` GPUs from (fraction, gpu) candidates by policy; with numa_bind all on one NUMA node."""
     binpack = policy == sc.POLICY_BINPACK
@@ -126,61 +104,107 @@ def _pick(cands: list[tuple[float, GPU]], count: int, policy: str, numa_bind: bo
     return best[1], ""
 
 
+def _reason(code: str, gpu: GPU, u: Use, mem: int, cores: int) -> str:
+    if code == "slots":
+        return f"{gpu.uuid}: {u.slots}/{gpu.slots} vGPU slots used"
+    if code == "mem":
+        return f"{gpu.uuid}: {max(gpu.memory - u.memory, 0) // MiB} MiB free < {mem // MiB} MiB asked"
+    if code == "cores":
+        return f"{gpu.uuid}: {max(gpu.cores - u.cores, 0)}% compute free < {cores}% asked"
+    if code == "whole":
+        return f"{gpu.uuid}: whole-GPU compute asked, GPU shared by {u.slots} container(s)"
+    return f"{gpu.uuid}: compute fully allocated"
+
+
 def fit_node(
     view: NodeView, used: dict[str, Use], reqs: list[ContainerRequest], opts: PodOptions, cfg: SchedulerConfig
 ) -> Placement | Failure:
-    """Place every container of the pod on this node, or say why not (pure)."""
+    """Place every container of the pod on this node, or say why not (pure).
+
+    The hot path (every node, every filter) builds no strings: a GPU that does not fit leaves a
+    (code, gpu, usage, asked) tuple, formatted only when the whole node fails.
+    """
     if view.problem:
         return Failure(view.name, view.problem, True)
+    gpus_all = view.gpus
     most = max(r.count for r in reqs)
-    if most > len(view.gpus):
-        return Failure(view.name, f"node has {len(view.gpus)} GPU(s) < {most} asked by one container", True)
+    if most > len(gpus_all):
+        return Failure(view.name, f"node has {len(gpus_all)} GPU(s) < {most} asked by one container", True)
+    filtered = bool(opts.use_types or opts.nouse_types or opts.use_uuids or opts.nouse_uuids)
     zero = Use()
     tent: dict[str, Use] = {}  # the pod's own app containers so far
     decided: list[sc.ContainerDecision] = []
+    def_mem = cfg.default_gpumem_mib * MiB
+    def_cores = cfg.default_gpucores
     for req in reqs:
-        reasons: list[str] = []
+        misses: list[tuple[str, GPU, Use, int, int] | str] = []
         cands: list[tuple[float, GPU]] = []
-        for gpu in view.gpus:
-            why = _allowed(gpu, opts)
-            if why:
-                reasons.append(why)
-                continue
-            mem, cores = asked(req, gpu, cfg)
-            base = used.get(gpu.uuid, zero)
-            if not req.init and gpu.uuid in tent:
-                t = tent[gpu.uuid]
-                u = Use(base.memory + t.memory, base.cores + t.cores, base.slots + t.slots)
+        rmem, rpct, rcores = req.mem_mib, req.mem_pct, req.cores
+        for gpu in gpus_all:
+            if not gpu.healthy or filtered:
+                why = _allowed(gpu, opts)
+                if why:
+                    misses.append(why)
+                    continue
+            if rmem is not None:
+                mem = rmem * MiB
+            elif rpct is not None:
+                mem = gpu.memory * rpct // 100
             else:
-                u = base
-            why = _room(gpu, u, mem, cores)
-            if why:
-                reasons.append(why)
+                mem = def_mem if def_mem > 0 else gpu.memory // gpu.slots
+            if rcores is not None:
+                cores = rcores
+            else:
+                cores = def_cores if def_cores >= 0 else gpu.cores // gpu.slots
+            u = used.get(gpu.uuid, zero)
+            if tent and not req.init:
+                t = tent.get(gpu.uuid)
+                if t is not None:
+                    u = Use(u.memory + t.memory, u.cores + t.cores, u.slots + t.slots)
+            if u.slots >= gpu.slots:
+                code = "slots"
+            elif gpu.memory - u.memory < mem:
+                code = "mem"
+            elif gpu.cores - u.cores < cores:
+                code = "cores"
+            elif cores >= gpu.cores and u.slots > 0:
+                code = "whole"
+            elif cores == 0 and u.cores >= gpu.cores:
+                code = "full"
+            else:
+                f = (u.slots + 1) / gpu.slots + (u.memory + mem) / (gpu.memory or 1)
+                f += (u.cores + cores) / gpu.cores if gpu.cores else 1.0
+                cands.append((f / 3, gpu))
                 continue
-            cands.append((_fraction(gpu, u, mem, cores), gpu))
+            misses.append((code, gpu, u, mem, cores))
         n_fit = len(cands)
         chosen, why = _pick(cands, req.count, opts.gpu_policy, opts.numa_bind)
         if chosen is None:
-            head = f"container {req.name}: {n_fit}/{len(view.gpus)} GPUs fit, {req.count} asked"
+            reasons = [m if isinstance(m, str) else _reason(*m) for m in misses[: MAX_REASONS + 1]]
+            head = f"container {req.name}: {n_fit}/{len(gpus_all)} GPUs fit, {req.count} asked"
             if why:
                 reasons.insert(0, why)
-            more = f"; +{len(reasons) - MAX_REASONS} more" if len(reasons) > MAX_REASONS else ""
+            extra = len(misses) + (1 if why else 0) - MAX_REASONS
+            more = f"; +{extra} more" if extra > 0 else ""
             return Failure(view.name, head + (": " + "; ".join(reasons[:MAX_REASONS]) if reasons else "") + more, False)
-        gpus = []
+        out = []
         for gpu in chosen:
             mem, cores = asked(req, gpu, cfg)
-            gpus.append(sc.GPUAssignment(uuid=gpu.uuid, memory=mem, cores=cores))
+            out.append(sc.GPUAssignment(uuid=gpu.uuid, memory=mem, cores=cores))
             if not req.init:
                 tent.setdefault(gpu.uuid, Use()).add(Use(mem, cores, 1))
-        decided.append(sc.ContainerDecision(name=req.name, init=req.init, gpus=gpus))
+        decided.append(sc.ContainerDecision(name=req.name, init=req.init, gpus=out))
     # Node score: its usage fraction (memory, cores, slots) after the placement.
-    mine = decision_usage(sc.Decision(node=view.name, time=0.0, containers=decided))
-    tm = tc = ts = 0
+    if any(c.init for c in decided):
+        mine = decision_usage(sc.Decision(node=view.name, time=0.0, containers=decided))
+    else:
+        mine = tent
+    tm, tc, ts = view.totals
     um = uc = us = 0
-    for gpu in view.gpus:
-        tm, tc, ts = tm + gpu.memory, tc + gpu.cores, ts + gpu.slots
-        b, m = used.get(gpu.uuid, zero), mine.get(gpu.uuid, zero)
-        um, uc, us = um + b.memory + m.memory, uc + b.cores + m.cores, us + b.slots + m.slots
+    for u in used.values():
+        um, uc, us = um + u.memory, uc + u.cores, us + u.slots
+    for u in mine.values():
+        um, uc, us = um + u.memory, uc + u.cores, us + u.slots
     score = 10 * (um / max(tm, 1) + (uc / tc if tc else 1.0) + us / max(ts, 1)) / 3
     pref = score if opts.node_policy == sc.POLICY_BINPACK else 10 - score
     return Placement(view.name, decided, score, pref)

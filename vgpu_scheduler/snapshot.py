@@ -43,6 +43,7 @@ class NodeView:
     gpus: tuple[GPU, ...] = ()
     problem: str = ""  # why the node offers no GPUs ("" when it offers its gpus)
     heartbeat: float = 0.0
+    totals: tuple[int, int, int] = (0, 0, 0)  # schedulable memory, cores, slots of all its GPUs
 
 
 @dataclass(slots=True)
@@ -66,6 +67,8 @@ class NodeInfo:
     error: str  # why the inventory could not be used ("" when it parsed)
     allocatable: int  # allocatable vGPU resource; -1 when the Node does not list it
     labels: dict[str, str] = field(default_factory=dict)
+    gpus: tuple[GPU, ...] = ()  # the inventory's GPUs, by index (built once per Node version)
+    totals: tuple[int, int, int] = (0, 0, 0)
 
 
 def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo:
@@ -86,7 +89,14 @@ def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo
         alloc = int(str(alloc_text)) if alloc_text is not None else -1
     except ValueError:
         alloc = 0
-    return NodeInfo(name, inv, err, alloc, dict(meta.get("labels") or {}))
+    gpus: tuple[GPU, ...] = ()
+    if inv is not None:
+        gpus = tuple(
+            GPU(g.uuid, g.index, g.model, g.numa, g.memory_schedulable, g.cores, g.split_count, g.health)
+            for g in sorted(inv.gpus, key=lambda g: g.index)
+        )
+    totals = (sum(g.memory for g in gpus), sum(g.cores for g in gpus), sum(g.slots for g in gpus))
+    return NodeInfo(name, inv, err, alloc, dict(meta.get("labels") or {}), gpus, totals)
 
 
 def node_view(info: NodeInfo, now: float, stale_after_s: float) -> NodeView:
@@ -99,13 +109,10 @@ def node_view(info: NodeInfo, now: float, stale_after_s: float) -> NodeView:
     age = now - inv.heartbeat
     if age > stale_after_s:
         return NodeView(info.name, problem=f"vGPU inventory stale (heartbeat {age:.0f} s old > {stale_after_s:.0f} s)")
-    gpus = tuple(
-        GPU(g.uuid, g.index, g.model, g.numa, g.memory_schedulable, g.cores, g.split_count, g.health)
-        for g in sorted(inv.gpus, key=lambda g: g.index)
-    )
+    gpus = info.gpus
     if not gpus:
         return NodeView(info.name, problem="inventory lists no GPUs", heartbeat=inv.heartbeat)
-    return NodeView(info.name, gpus, heartbeat=inv.heartbeat)
+    return NodeView(info.name, gpus, heartbeat=inv.heartbeat, totals=info.totals)
 
 
 @dataclass(frozen=True, slots=True)

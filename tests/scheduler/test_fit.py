@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.scheduler.helpers import GiB, MiB, inventory, uuid
+from tests.scheduler.helpers import GiB, MiB, gpu_node, uuid
 from vgpu import scheduling as sc
 from vgpu_scheduler import fit, snapshot
 from vgpu_scheduler.config import SchedulerConfig
@@ -17,9 +17,7 @@ CFG = SchedulerConfig()
 
 
 def view(name: str, **kw: object) -> snapshot.NodeView:
-    inv = inventory(name, **kw)  # type: ignore[arg-type]
-    info = snapshot.NodeInfo(name, inv, "", len(inv.gpus) * inv.split_count)
-    return snapshot.node_view(info, time.time(), 120)
+    return snapshot.node_view(snapshot.node_info(gpu_node(name, **kw)), time.time(), 120)
 
 
 def req(
