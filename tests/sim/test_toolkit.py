@@ -434,3 +434,13 @@ def test_forced_modes_and_operator_wrappers(node: Node) -> None:
     pre = json.loads((b / "config.json").read_text())["hooks"]["prestart"]
     assert pre[-1]["path"] == str(root / "nvidia-container-runtime-hook")
     assert burned(out) == {0: U1}
+
+
+def test_null_sections_and_missing_state(tmp_path: Path) -> None:
+    s: dict[str, Any] = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}, "hooks": None, "linux": None}
+    assert fgt.modify(s, cfg(hook_path="/h/nvidia-container-runtime-hook"), "legacy") == "legacy"
+    assert s["hooks"]["prestart"][-1]["path"] == "/h/nvidia-container-runtime-hook"
+    c = cfg()
+    c["fakegpu"] = dict(c["fakegpu"], state=str(tmp_path / "absent.state"))
+    with pytest.raises(fgt.ToolkitError, match=r"absent\.state does not exist"):
+        fgt.legacy_edits(["0"], c)

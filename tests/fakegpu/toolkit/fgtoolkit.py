@@ -254,8 +254,12 @@ def resolve_mode(spec: dict[str, Any], cfg: dict[str, Any], forced: str | None) 
     return mode
 
 
+_logged: set[str] = set()
+
+
 def log(cfg: dict[str, Any], msg: str) -> None:
-    if cfg.get("log_level") == "debug" or msg.startswith("warning"):
+    if (cfg.get("log_level") == "debug" or msg.startswith("warning")) and msg not in _logged:
+        _logged.add(msg)
         print(f"nvidia-container-runtime: {msg}", file=sys.stderr)
 
 
@@ -292,13 +296,15 @@ def apply_edits(spec: dict[str, Any], edits: dict[str, Any]) -> None:
     """CDI containerEdits into an OCI spec (pkg/cdi/container-edits.go@v1.1.0:72-170): env
     replaces a key or is appended, device nodes go to linux.devices with an allow rule, mounts
     are appended and sorted by depth, hooks are appended to their phase."""
-    proc = spec.setdefault("process", {})
+    proc = spec.get("process") or {}
+    spec["process"] = proc
     env = list(proc.get("env") or [])
     for item in edits.get("env") or []:
         key = item.split("=", 1)[0]
         env = [e for e in env if e.split("=", 1)[0] != key] + [item]
     proc["env"] = env
-    linux = spec.setdefault("linux", {})
+    linux = spec.get("linux") or {}
+    spec["linux"] = linux
     for dn in edits.get("deviceNodes") or []:
         host = dn.get("hostPath") or dn["path"]
         st = os.stat(host)
@@ -353,7 +359,8 @@ def inject_cdi(spec: dict[str, Any], names: list[str], cfg: dict[str, Any]) -> l
 def modify(spec: dict[str, Any], cfg: dict[str, Any], forced: str | None = None) -> str:
     """What the runtime does to config.json on `create`; returns the mode used."""
     mode = resolve_mode(spec, cfg, forced)
-    hooks = spec.setdefault("hooks", {})
+    hooks = spec.get("hooks") or {}
+    spec["hooks"] = hooks
     pre = list(hooks.get("prestart") or [])
     if mode == "legacy":
         # stable.go:66: appended at the END (our base_runtime_spec hooks run first), once.
@@ -525,6 +532,9 @@ def _mount_file(src: str, dst: str, ro: bool) -> None:
 def legacy_edits(names: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
     """The same edits as the CDI spec (one source of truth) for the legacy device names: indexes,
     UUIDs, `all`, `none` (driver only)."""
+    state = cfg["fakegpu"]["state"]
+    if not os.path.isfile(state):
+        raise ToolkitError(f"fakegpu state {state} does not exist (set [fakegpu] state in {cfg['path']})")
     spec = generate_spec(cfg["fakegpu"])
     by_name = {d["name"]: d for d in spec["devices"]}
     nodes: list[dict[str, Any]] = []
