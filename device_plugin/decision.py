@@ -382,6 +382,11 @@ class Decisions:
             self._served.setdefault(pod.uid, set()).add(container.name)
         return Claim(pod=pod, container=container, slice=sl)
 
+    def release(self, claim: Claim) -> None:
+        """Forget a claim whose record could not be written: the kubelet's retry gets it again."""
+        with self._lock:
+            self._served.get(claim.pod.uid, set()).discard(claim.container.name)
+
     def confirm(self, claim: Claim) -> bool:
         """Append the container to `allocated` (and `bind-phase=success` when all are); True when written."""
         api = self._client()

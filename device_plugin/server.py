@@ -112,6 +112,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 rec = records.write_record(self.paths, self.resource_name, self.table.slicing.oversubscribe, sl)
             except OSError as e:
                 log.error("cannot write allocation record: %s", e)
+                if claim is not None and self.decisions is not None:
+                    self.decisions.release(claim)
                 context.abort(grpc.StatusCode.INTERNAL, f"cannot write allocation record: {e.strerror}")
             if claim is not None and self.decisions is not None:
                 self.decisions.confirm(claim)

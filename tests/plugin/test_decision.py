@@ -318,3 +318,18 @@ def test_terminating_and_invalid_decisions_are_skipped() -> None:
     ]
     got = decision.pending_pods(json.dumps({"items": items}).encode(), NODE)
     assert len(got) == 1 and got[0].bind_time == 1.0  # no bind-time: the decision's time
+
+
+def test_record_failure_leaves_the_container_to_the_retry(api: KubeAPI, kubelet: FakeKubelet, plugin) -> None:
+    p = plugin()
+    add_pod(api, "p", [("main", False, [(U1, 2 * GiB, 20)])])
+    os.rmdir(p.state.allocations_dir)  # the record cannot be written
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.endpoint().allocate([f"{U1}::0"])
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert scheduling.ALLOCATED_ANNOTATION not in pod_ann(api, "p")
+    os.makedirs(p.state.allocations_dir, mode=0o700)
+    resp = kubelet.endpoint().allocate([f"{U1}::0"])
+    g = read_record(p.state.allocation_record(resp.envs[TOKEN_ENV])).gpus[0]
+    assert (g.memory_limit, g.core_percent) == (2 * GiB, 20)
+    assert pod_ann(api, "p")[scheduling.BIND_PHASE_ANNOTATION] == scheduling.PHASE_SUCCESS
