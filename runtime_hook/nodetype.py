@@ -280,7 +280,7 @@ def load_files(root: Root, conf: str, major: int) -> tuple[dict[str, Any], list[
             _deep_merge(eff, doc)
             continue
         plugins = doc.pop("plugins", None)
-        eff.update(doc)
+        _deep_merge(eff, doc)  # mergo.Merge(WithOverride) for the rest of the struct
         if isinstance(plugins, dict):
             eff.setdefault("plugins", {}).update(plugins)
     if order:
@@ -577,7 +577,10 @@ def detect(
     facts.containerd_version = containerd_version(r, exe)
     text = r.read(conf)
     main_doc = _toml(text, conf) if text else {}
-    facts.config_version = int(main_doc.get("version", 1)) if text else 2
+    version = main_doc.get("version", 1) if text else 2
+    if not isinstance(version, int) or isinstance(version, bool) or version not in (1, 2, 3):
+        raise DetectError(f"{conf}: unsupported config version {version!r} (expected 1, 2 or 3)")
+    facts.config_version = version
     if major is None:
         if facts.config_version == 3:
             major = 2

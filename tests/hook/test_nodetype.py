@@ -109,9 +109,7 @@ def test_merge_rules_1x_replace_2x_merge(tmp_path: Path) -> None:
     """1.x: a later file's CRI section replaces the whole earlier one; 2.x merges deeply."""
     host = tmp_path / "host"
     (host / "etc/containerd/conf.d").mkdir(parents=True)
-    (host / "etc/containerd/config.toml").write_text(BASE + 'imports = ["conf.d/*.toml"]\n'.replace("", "", 0))
-    # `imports` must precede the tables: write it properly
-    (host / "etc/containerd/config.toml").write_text('imports = ["conf.d/*.toml"]\n' + BASE)
+    (host / "etc/containerd/config.toml").write_text('imports = ["conf.d/*.toml"]\n' + BASE)  # relative import
     (host / "etc/containerd/conf.d/50-extra.toml").write_text(
         "version = 2\n"
         '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
@@ -157,6 +155,9 @@ def test_toolkit_config_overrides_and_bad_files(tmp_path: Path) -> None:
     assert f.toolkit is not None and "cannot parse" in f.toolkit.error
     s.fs(s.conf).write_text("version = = 2\n")
     with pytest.raises(nodetype.DetectError, match="cannot parse"):
+        nodetype.detect(s.conf, root=str(s.root))
+    s.fs(s.conf).write_text('version = "2"\n')
+    with pytest.raises(nodetype.DetectError, match="unsupported config version"):
         nodetype.detect(s.conf, root=str(s.root))
 
 
