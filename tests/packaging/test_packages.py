@@ -309,7 +309,8 @@ def test_containerd_switch_wires_and_unwires_the_hook(built: Built) -> None:
         original = conf.read_bytes() if conf.exists() else None
         deb = "/tmp/" + built.deb.name
         shutil.copy(built.deb, root / "tmp" / built.deb.name)
-        switch = {"VGPU_CONFIGURE_CONTAINERD": "1"}
+        # The scratch root has no NVIDIA container toolkit: install must be told so explicitly.
+        switch = {"VGPU_CONFIGURE_CONTAINERD": "1", "VGPU_WITHOUT_NVIDIA_RUNTIME": "1"}
         r = pkgbuild.chroot(root, "dpkg", "-i", deb, env=switch)
         assert "configured (handler `vgpu`)" in r.stdout, r.stdout
         doc = msgspec.toml.decode(conf.read_bytes())
