@@ -341,8 +341,9 @@ sleep 600
             cfg = toolkit.write_toolkit_config(self.work / "toolkit" / "config.toml", self.gpu, **flags)
             env["NVIDIA_CTK_CONFIG_FILE_PATH"] = str(cfg)  # as containerd's environment would carry it
             return str(toolkit.RUNTIME), env, f"the simulated toolkit's nvidia-container-runtime ({cfg})"
-        real = shutil.which("nvidia-container-runtime")
-        if real:
+        # VGPU_DEMO_RUNTIME overrides the lookup (e.g. a .legacy binary, or `runc` to inject by hand).
+        real = os.environ.get("VGPU_DEMO_RUNTIME") or shutil.which("nvidia-container-runtime")
+        if real and os.path.basename(real) != "runc":
             return real, dict(os.environ), real
         return "runc", dict(os.environ), ""
 
