@@ -3,7 +3,10 @@
     python packaging/demo/demo.py [--gpu auto|simulated|real] [--keep] [--device-list-strategy S]
 
 On a machine without an NVIDIA GPU it runs on the simulated driver (tests/fakegpu); with one
-(device nodes + nvidia-smi), `--gpu auto` uses the real GPU and its libcuda.  Prints each step
+(device nodes + nvidia-smi), `--gpu auto` uses the real GPU and its libcuda.  The containers
+are created through nvidia-container-runtime: the simulated toolkit's stand-in, or on a GPU node
+the installed one (`VGPU_DEMO_RUNTIME=<path>` picks another binary; `runc` makes the demo mount
+the driver itself).  Prints each step
 and a report table; exits non-zero on the first failing step.  Everything it started is
 stopped and removed at the end, on failure and on Ctrl-C (`--keep` keeps the work directory).
 """
