@@ -37,12 +37,12 @@ $(VENV)/.stamp: pyproject.toml
 	touch $@
 
 # --- tests --------------------------------------------------------------------
-test: venv build-all
+test: host-deps-test venv build-all
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check . || true
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 # --- demo ---------------------------------------------------------------------
@@ -55,9 +55,16 @@ deb: host-deps-deb venv build-all
 rpm: host-deps-rpm venv build-all
 	packaging/build-packages.sh rpm
 # Missing Debian packages of these targets are installed (root) or named (packaging/host-deps.sh).
-host-deps-demo host-deps-deb host-deps-rpm:
+host-deps-demo host-deps-deb host-deps-rpm host-deps-test host-deps-image:
 	@packaging/host-deps.sh $(@:host-deps-%=%)
-.PHONY: host-deps-demo host-deps-deb host-deps-rpm
+.PHONY: host-deps-demo host-deps-deb host-deps-rpm host-deps-test host-deps-image
+
+# --- container image (packaging/image/build.py; outputs in $(BUILD)/image/) -------------
+# IMAGE_REPO=registry/name to tag it elsewhere; cached by content under /var/cache/k8s-vgpu.
+IMAGE_REPO ?= ghcr.io/k8s-vgpu/k8s-vgpu
+image: host-deps-image venv build-all
+	IMAGE_REPO=$(IMAGE_REPO) $(PY) packaging/image/build.py
+.PHONY: image
 
 # --- benchmarks (each prints name=value lines, last line a summary) -------------
 bench-intercept: venv build-all

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Install the Debian packages a make target needs, when they are missing:
-#     packaging/host-deps.sh demo|deb|rpm
+#     packaging/host-deps.sh demo|deb|rpm|test|image
+# The names exist in Debian 12 and in Ubuntu 24.04 (main/universe) alike.
 # A no-op (two dpkg queries) when everything is there.  Installs only as root on a Debian-family
 # system; elsewhere it names what is missing and lets the target try anyway.
 set -eu
@@ -8,7 +9,13 @@ set -eu
 case "${1:-}" in
   demo) need="build-essential python3-venv runc busybox-static" ;;
   deb|rpm) need="build-essential python3-venv binutils" ;;
-  *) echo "usage: $0 demo|deb|rpm" >&2; exit 2 ;;
+  image) need="mmdebstrap util-linux binutils ca-certificates" ;;
+  # Everything `make test`'s suites start for real (containerd, runc, podman, a debootstrap'd root,
+  # the packages' tools, the image build): nothing may be skipped for a missing package.
+  test) need="build-essential python3-venv python3-dev binutils runc containerd busybox-static
+              debootstrap mmdebstrap rpm lintian systemd podman iproute2 procps psmisc util-linux
+              ca-certificates" ;;
+  *) echo "usage: $0 demo|deb|rpm|test|image" >&2; exit 2 ;;
 esac
 
 command -v dpkg-query >/dev/null 2>&1 || exit 0   # not Debian-like: nothing to check against

@@ -66,3 +66,17 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* vgpu-node-setup's flags, shared by the install init container and the uninstall hook. */}}
+{{- define "k8s-vgpu.nodeSetupArgs" -}}
+- --host-root=/host
+- --prefix={{ .Values.nodeSetup.prefix }}
+- --containerd-config={{ .Values.nodeSetup.containerdConfig }}
+- --handler={{ .Values.runtimeClass.handler }}
+{{- if .Values.nodeSetup.withoutNvidiaRuntime }}
+- --without-nvidia-runtime
+{{- end }}
+{{- range .Values.nodeSetup.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,7 @@
+"""vgpu-node-setup: puts k8s-vgpu's host parts on a node from the container image.
+
+Run as a privileged init container with the host's root mounted (default /host), or by hand.
+It copies libvgpu.so and the OCI hook (standard-library Python only, run by the host's own
+python3) under a prefix (default /usr/local/vgpu), then wires containerd through
+`vgpu-hook containerd install --root <host root>`.  `uninstall` undoes all of it.
+"""

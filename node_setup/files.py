@@ -1,0 +1,100 @@
+"""Host file placement: atomic writes, versioned files behind a symlink, a record of what was made.
+
+Upgrades never expose a half-written file: every file is written to a temporary name in the
+same directory, fsynced and renamed; the library and the hook tree are versioned by content
+(`libvgpu-<sha>.so`, `hook/<sha>/`) and the stable name (`libvgpu.so`, `hook/current`) is a
+symlink replaced by rename(2).  A container that already mapped the old library keeps its
+inode (its bind mount holds it); the previous version stays on disk so a hook that resolved
+the old link a moment before the swap still finds its target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+TMP_SUFFIX = ".vgpu-node-setup.tmp"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tree_digest(files: Iterable[tuple[str, bytes]]) -> str:
+    h = hashlib.sha256()
+    for rel, data in sorted(files):
+        h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+class Recorder:
+    """Directories created by the installer (removed by uninstall when empty), in creation order."""
+
+    def __init__(self, created: list[str] | None = None) -> None:
+        self.created: list[str] = list(created or [])
+
+    def makedirs(self, path: Path, mode: int = 0o755) -> None:
+        missing = []
+        p = path
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            d.mkdir(mode=mode)
+            os.chmod(d, mode)  # not subject to the umask
+            self.created.append(str(d))
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> bool:
+    """Write `path` unless it already holds `data` with `mode`; True when something changed."""
+    try:
+        st = path.lstat()
+        if not path.is_symlink() and (st.st_mode & 0o7777) == mode and path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def symlink_atomic(path: Path, target: str) -> bool:
+    """Point `path` at `target` (relative) by renaming a new link over it; True when it changed."""
+    if path.is_symlink() and os.readlink(path) == target:
+        return False
+    if path.exists() and not path.is_symlink():
+        raise FileExistsError(f"{path} exists and is not a symlink: not replacing it")
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+    return True
+
+
+def remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def prune(directory: Path, keep: set[str], prefix: str) -> None:
+    """Remove entries named `prefix*` in `directory` that are not in `keep`."""
+    if not directory.is_dir():
+        return
+    for p in directory.iterdir():
+        if p.name.startswith(prefix) and p.name not in keep and not p.is_symlink():
+            remove(p)

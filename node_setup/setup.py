@@ -1,0 +1,310 @@
+"""install | uninstall | status of the node's host parts (see node_setup/__init__.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+
+import runtime_hook
+from node_setup import files, hookfiles, hostpython
+from vgpu import __version__
+from vgpu.config import ConfigError, load_config
+
+log = logging.getLogger("vgpu-node-setup")
+
+MANIFEST = "node-setup.json"
+LAUNCHER = "bin/vgpu-hook"
+LIBRARY_LINK = "lib/libvgpu.so"
+HOOK_LINK = "hook/current"
+IMAGE_LIBRARY = "/usr/lib/vgpu/libvgpu.so"
+
+
+class SetupError(Exception):
+    """One line for the user; the command exits 1."""
+
+
+class Options(msgspec.Struct, kw_only=True):
+    host_root: str = "/host"
+    prefix: str = "/usr/local/vgpu"
+    python: str | None = None  # host interpreter for the hook; default: detected
+    library_source: str = IMAGE_LIBRARY
+    node_config: str = "/etc/vgpu/config.toml"  # host path of the node config (read if present)
+    containerd_config: str = "/etc/containerd/config.toml"  # host path
+    handler: str = "vgpu"
+    without_nvidia_runtime: bool = False
+    containerd_args: list[str] = msgspec.field(default_factory=list)
+    restart_containerd: bool = False
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    """<prefix>/node-setup.json: what install put on the host (read by uninstall and status)."""
+
+    version: str
+    python: str
+    python_version: str
+    library: str  # current versioned file name under <prefix>/lib
+    library_previous: str | None = None
+    hook: str  # current version directory under <prefix>/hook
+    hook_previous: str | None = None
+    created_dirs: list[str] = msgspec.field(default_factory=list)  # host paths
+    containerd_config: str
+    handler: str
+
+
+def _host(opts: Options, path: str) -> Path:
+    """A host path as seen from here (under the host root)."""
+    return Path(opts.host_root) / path.lstrip("/")
+
+
+def _unhost(opts: Options, p: Path) -> str:
+    rel = os.path.relpath(p, opts.host_root)
+    return "/" + rel if rel != "." else "/"
+
+
+def _load_manifest(opts: Options) -> Manifest | None:
+    path = _host(opts, opts.prefix) / MANIFEST
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Manifest)
+    except FileNotFoundError:
+        return None
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise SetupError(f"{_unhost(opts, path)} is corrupt ({e}); remove it and the prefix to start over") from None
+
+
+def hook_sources() -> tuple[Path, list[str]]:
+    root = Path(runtime_hook.__file__).resolve().parents[1]
+    try:
+        return root, hookfiles.hook_files(root)
+    except ValueError as e:
+        raise SetupError(str(e)) from None
+
+
+def launcher_text(python: str, prefix: str) -> str:
+    fast = f"{prefix}/{HOOK_LINK}/runtime_hook/fastpath.py"
+    return (
+        "#!/bin/sh\n"
+        "# Written by vgpu-node-setup: the k8s-vgpu OCI hook (prestart|poststop) run by the host's python3.\n"
+        f'exec {shlex.quote(python)} -I -S {shlex.quote(fast)} "$@"\n'
+    )
+
+
+def _node_settings(opts: Options) -> list[str]:
+    """The hook's flags from the host's node config (defaults when it has none)."""
+    path = _host(opts, opts.node_config)
+    try:
+        cfg = load_config(str(path) if path.exists() else None)
+    except ConfigError as e:
+        raise SetupError(f"host {opts.node_config}: {e}") from None
+    return [
+        "--state-dir", cfg.common.state_dir,
+        "--log-level", cfg.common.log_level,
+        "--library-path", f"{opts.prefix}/{LIBRARY_LINK}",
+        "--log-dir", cfg.hook.log_dir,
+        "--log-max-bytes", str(cfg.hook.log_max_bytes),
+    ]  # fmt: skip
+
+
+def containerd_argv(opts: Options, action: str, python: str) -> list[str]:
+    """`vgpu-hook containerd <action>` against the host root (paths written into configs are host paths)."""
+    argv = [sys.executable, "-I", "-m", "runtime_hook"]
+    if action != "uninstall":
+        argv += _node_settings(opts)
+    argv += ["containerd", action, "--root", opts.host_root, "--containerd-config", opts.containerd_config]
+    if action != "uninstall":
+        argv += [
+            "--handler", opts.handler,
+            "--python", python,
+            "--hook-path", f"{opts.prefix}/{HOOK_LINK}/runtime_hook/fastpath.py",
+        ]  # fmt: skip
+        if opts.without_nvidia_runtime:
+            argv.append("--without-nvidia-runtime")
+        argv += opts.containerd_args
+    return argv
+
+
+def _run_containerd(opts: Options, action: str, python: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPU_", "PYTHON"))}
+    r = subprocess.run(containerd_argv(opts, action, python), capture_output=True, text=True, env=env, timeout=120)
+    if r.returncode != 0:
+        msg = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        raise SetupError(msg[-1] if msg else f"vgpu-hook containerd {action} exited {r.returncode}")
+    return r.stdout
+
+
+def _containerd_snapshot(opts: Options) -> dict[str, bytes]:
+    """Every file of the host's containerd config directory (to tell whether a restart is needed)."""
+    d = _host(opts, os.path.dirname(opts.containerd_config))
+    out: dict[str, bytes] = {}
+    if d.is_dir():
+        for p in sorted(d.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                out[str(p)] = p.read_bytes()
+    return out
+
+
+def restart_containerd(opts: Options) -> None:
+    """The host's `systemctl restart containerd` (as NVIDIA's toolkit container does in its systemd mode).
+
+    From a container, through pid 1's mount namespace (`nsenter -t 1 -m`: the pod has hostPID);
+    a plain chroot is not enough, systemctl refuses to act from one.  Running containers survive
+    (their shims are not containerd's children); the kubelet's CRI client reconnects.  Without
+    systemd on the host there is nothing safe to signal (SIGHUP makes containerd exit): say so.
+    """
+    root = Path(opts.host_root)
+    if not (root / "run/systemd/system").is_dir():
+        raise SetupError("--restart-containerd: the host does not run systemd; restart containerd yourself")
+    cmd = ["systemctl", "restart", "containerd"]
+    if root.resolve() != Path("/"):
+        cmd = ["nsenter", "--target", "1", "--mount", "--", *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise SetupError(f"{' '.join(cmd)} failed: {r.stderr.strip()[:300]}")
+
+
+def install(opts: Options) -> list[str]:
+    """Put everything in place; returns the lines to print.  Idempotent."""
+    python, ver = hostpython.find(opts.host_root, opts.python)
+    src_root, rels = hook_sources()
+    lib_src = Path(opts.library_source)
+    try:
+        lib_data = lib_src.read_bytes()
+    except OSError as e:
+        raise SetupError(f"cannot read {lib_src}: {e.strerror}") from None
+    old = _load_manifest(opts)
+    rec = files.Recorder([str(_host(opts, d)) for d in old.created_dirs] if old else None)
+    prefix = _host(opts, opts.prefix)
+    rec.makedirs(prefix)
+    for sub in ("lib", "hook", "bin"):
+        rec.makedirs(prefix / sub)
+    changed: list[str] = []
+
+    # libvgpu.so: versioned file, then the link swap.
+    lib_name = f"libvgpu-{files.sha256_bytes(lib_data)[:16]}.so"
+    if files.write_atomic(prefix / "lib" / lib_name, lib_data, 0o644):
+        changed.append(f"lib/{lib_name}")
+    prev_lib = old.library if old and old.library != lib_name else (old.library_previous if old else None)
+    if files.symlink_atomic(prefix / LIBRARY_LINK, lib_name):
+        changed.append(LIBRARY_LINK)
+    files.prune(prefix / "lib", {lib_name, *([prev_lib] if prev_lib else [])}, "libvgpu-")
+
+    # The hook's Python files: a version directory, then the link swap.
+    sources = [(rel, (src_root / rel).read_bytes()) for rel in rels]
+    hook_name = files.tree_digest(sources)[:16]
+    hook_dir = prefix / "hook" / hook_name
+    if not hook_dir.is_dir():
+        tmp = prefix / "hook" / (hook_name + files.TMP_SUFFIX)
+        files.remove(tmp)
+        for rel, data in sources:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            files.write_atomic(tmp / rel, data, 0o644)
+        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+            os.chmod(d, 0o755)
+        os.rename(tmp, hook_dir)
+        changed.append(f"hook/{hook_name}/")
+    prev_hook = old.hook if old and old.hook != hook_name else (old.hook_previous if old else None)
+    if files.symlink_atomic(prefix / HOOK_LINK, hook_name):
+        changed.append(HOOK_LINK)
+    files.prune(prefix / "hook", {hook_name, "current", *([prev_hook] if prev_hook else [])}, "")
+
+    if files.write_atomic(prefix / LAUNCHER, launcher_text(python, opts.prefix).encode(), 0o755):
+        changed.append(LAUNCHER)
+
+    before = _containerd_snapshot(opts)
+    out = _run_containerd(opts, "install", python)
+    containerd_changed = _containerd_snapshot(opts) != before
+    manifest = Manifest(
+        version=__version__,
+        python=python,
+        python_version=f"{ver[0]}.{ver[1]}",
+        library=lib_name,
+        library_previous=prev_lib,
+        hook=hook_name,
+        hook_previous=prev_hook,
+        created_dirs=[_unhost(opts, Path(d)) for d in rec.created],
+        containerd_config=opts.containerd_config,
+        handler=opts.handler,
+    )
+    data = json.dumps(msgspec.to_builtins(manifest), indent=2, sort_keys=True).encode() + b"\n"
+    files.write_atomic(prefix / MANIFEST, data, 0o644)
+    lines = [f"vgpu-node-setup: {opts.prefix} on the host: " + (", ".join(changed) if changed else "unchanged")]
+    lines.append(f"vgpu-node-setup: hook runs with the host's {python} (Python {ver[0]}.{ver[1]})")
+    lines += [ln for ln in out.splitlines() if ln.strip()]
+    if containerd_changed and opts.restart_containerd:
+        restart_containerd(opts)
+        lines.append("vgpu-node-setup: containerd restarted")
+    elif containerd_changed:
+        lines.append("vgpu-node-setup: containerd configuration changed; restart containerd to apply it")
+    return lines
+
+
+def uninstall(opts: Options) -> list[str]:
+    """Undo install: containerd's config restored, every file and directory install created removed."""
+    man = _load_manifest(opts)
+    lines: list[str] = []
+    before = _containerd_snapshot(opts)
+    out = _run_containerd(opts, "uninstall", man.python if man else "/usr/bin/python3")
+    lines += [ln for ln in out.splitlines() if ln.strip()]
+    prefix = _host(opts, opts.prefix)
+    if man is None:
+        lines.append(f"vgpu-node-setup: nothing installed under {opts.prefix}")
+    else:
+        for rel in (LAUNCHER, HOOK_LINK, LIBRARY_LINK):
+            files.remove(prefix / rel)
+        for name in (man.hook, man.hook_previous):
+            if name:
+                files.remove(prefix / "hook" / name)
+        for name in (man.library, man.library_previous):
+            if name:
+                files.remove(prefix / "lib" / name)
+        files.remove(prefix / MANIFEST)
+        for d in reversed(man.created_dirs):
+            p = _host(opts, d)
+            try:
+                p.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                lines.append(f"vgpu-node-setup: left {_unhost(opts, p)} (not empty)")
+        lines.append(f"vgpu-node-setup: removed {opts.prefix} from the host")
+    if _containerd_snapshot(opts) != before:
+        if opts.restart_containerd:
+            restart_containerd(opts)
+            lines.append("vgpu-node-setup: containerd restarted")
+        else:
+            lines.append("vgpu-node-setup: containerd configuration restored; restart containerd to apply it")
+    return lines
+
+
+def status(opts: Options) -> tuple[int, dict[str, object]]:
+    """(exit code, report): 0 when installed and intact, 1 otherwise."""
+    man = _load_manifest(opts)
+    if man is None:
+        return 1, {"installed": False, "prefix": opts.prefix}
+    prefix = _host(opts, opts.prefix)
+    problems = []
+    for rel in (LAUNCHER, LIBRARY_LINK, f"{HOOK_LINK}/runtime_hook/fastpath.py"):
+        if not (prefix / rel).exists():
+            problems.append(f"{opts.prefix}/{rel} missing")
+    python = _host(opts, man.python)
+    if not python.exists():
+        problems.append(f"host {man.python} missing")
+    side = _host(opts, opts.containerd_config + ".vgpu-hook.json")
+    if not side.exists():
+        problems.append(f"containerd not wired ({opts.containerd_config}.vgpu-hook.json missing)")
+    report: dict[str, object] = {
+        "installed": True,
+        "prefix": opts.prefix,
+        "version": man.version,
+        "python": f"{man.python} ({man.python_version})",
+        "library": man.library,
+        "hook": man.hook,
+        "problems": problems,
+    }
+    return (1 if problems else 0), report
