@@ -116,7 +116,8 @@ class Extender:
             with self.state.lock:
                 views = self.state.views(names, infos)
                 usage = self.state.usage_without(uid)
-                choice = fit.choose(views, usage, reqs, opts, self.cfg)
+                gens = None if full else self.state.gens_without(uid)
+                choice = fit.choose(views, usage, reqs, opts, self.cfg, self.state.memo, gens, self.state.epoch)
                 known = {v.name for v in views}
                 failed = {n: f.reason for n, f in choice.failures.items() if not f.unresolvable}
                 unres = {n: f.reason for n, f in choice.failures.items() if f.unresolvable}
@@ -217,6 +218,9 @@ class Extender:
         if self.kube is None:
             return ExtenderBindingResult(Error="vgpu-scheduler: no API client")
         ns, name, node = args.PodNamespace or "default", args.PodName, args.Node
+        fast = self._bind_known(args)
+        if fast is not None:
+            return fast
         for _attempt in range(self.cfg.conflict_retries + 1):
             try:
                 pod = self.kube.get_pod(ns, name)
@@ -262,6 +266,39 @@ class Extender:
             log.info("bind %s/%s: node %s", ns, name, node)
             return ExtenderBindingResult()
         return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} kept changing")
+
+    def _bind_known(self, args: ExtenderBindingArgs) -> ExtenderBindingResult | None:
+        """Bind from the state's copy of the pod (no GET); None: take the slow path (re-read the pod)."""
+        assert self.kube is not None
+        ns, name, node = args.PodNamespace or "default", args.PodName, args.Node
+        with self.state.lock:
+            rec = self.state.pods.get(args.PodUID) if args.PodUID else None
+            settled = rec is not None and self.state.is_settled(rec.uid)
+        if rec is None or not settled or rec.decision is None or rec.decision.node != node or rec.node:
+            return None
+        if (rec.namespace, rec.name) != (ns, name) or not rec.resource_version:
+            return None
+        try:
+            answer = self.kube.patch_pod_annotations(
+                ns,
+                name,
+                {sc.BIND_PHASE_ANNOTATION: sc.PHASE_ALLOCATING, sc.BIND_TIME_ANNOTATION: str(int(time.time()))},
+                rec.resource_version,
+            )
+        except APIFailure:
+            return None  # changed since (409) or gone: the slow path re-reads and says why
+        self.state.apply_pod(answer)
+        try:
+            self.kube.bind(ns, name, args.PodUID, node)
+        except APIFailure as e:
+            bound = self._bound_to(ns, name)
+            if bound == node:
+                return ExtenderBindingResult()
+            if not bound:
+                self._release(ns, name)
+            return ExtenderBindingResult(Error=f"vgpu-scheduler: binding {ns}/{name} to {node}: {e}")
+        log.info("bind %s/%s: node %s", ns, name, node)
+        return ExtenderBindingResult()
 
     def _bound_to(self, ns: str, name: str) -> str:
         assert self.kube is not None

@@ -21,6 +21,7 @@ from vgpu_scheduler.snapshot import GPU, NodeView, Use, decision_usage
 
 MiB = 1 << 20
 MAX_REASONS = 8
+MEMO_MAX = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +217,34 @@ def choose(
     reqs: list[ContainerRequest],
     opts: PodOptions,
     cfg: SchedulerConfig,
+    memo: dict[tuple[object, ...], object] | None = None,
+    gens: dict[str, int] | None = None,
+    epoch: int = 0,
 ) -> Choice:
-    """Fit the pod on every node; the best placement by node policy (ties: node name)."""
+    """Fit the pod on every node; the best placement by node policy (ties: node name).
+
+    With `memo` and `gens` (node -> generation of its inventory and usage; absent: 0; negative: do
+    not memoise), a node whose
+    generation is unchanged is not fitted again for the same requests: fit_node is pure, so its
+    answer for (node, generation, requests, options) is reused. `cfg` must not change under one memo.
+    """
     out = Choice()
     empty: dict[str, Use] = {}
+    shape = (tuple(reqs), opts, epoch)
+    if memo is not None and len(memo) > MEMO_MAX:
+        memo.clear()
+    r: Placement | Failure | None
     for v in views:
-        r = fit_node(v, usage.get(v.name, empty), reqs, opts, cfg)
+        gen = gens.get(v.name, 0) if memo is not None and gens is not None and not v.problem else -1
+        if gen >= 0:
+            assert memo is not None
+            key = (v.name, gen, shape)
+            r = memo.get(key)  # type: ignore[assignment]  # values are fit_node's answers
+            if r is None:
+                r = fit_node(v, usage.get(v.name, empty), reqs, opts, cfg)
+                memo[key] = r
+        else:
+            r = fit_node(v, usage.get(v.name, empty), reqs, opts, cfg)
         if isinstance(r, Failure):
             out.failures[v.name] = r
         else:

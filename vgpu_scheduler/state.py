@@ -49,6 +49,11 @@ class ClusterState:
         self._keys: dict[str, tuple[int, int]] = {}  # uid -> ordering key of the record kept
         self._tombstones: dict[str, tuple[int, int]] = {}
         self.usage: Usage = {}
+        # Generation of each node's inputs to fit (its NodeInfo and its usage); with `epoch` it keys
+        # the fit memo: an unchanged node is not fitted again for a request shape seen before.
+        self.gens: dict[str, int] = {}
+        self.epoch = 0
+        self.memo: dict[tuple[object, ...], object] = {}
         self.ready = threading.Event()
         self.relists = 0
         self._stop = threading.Event()
@@ -58,6 +63,7 @@ class ClusterState:
     def _set(self, uid: str, rec: PodRec | None, key: tuple[int, int]) -> None:
         old = self.pods.get(uid)
         if old is not None:
+            self._touch(snapshot.counts(old))
             snapshot.add_pod(self.usage, old, -1)
         if rec is None:
             self.pods.pop(uid, None)
@@ -65,7 +71,16 @@ class ClusterState:
         else:
             self.pods[uid] = rec
             self._keys[uid] = key
+            self._touch(snapshot.counts(rec))
             snapshot.add_pod(self.usage, rec, +1)
+
+    def _touch(self, node: str) -> None:
+        if node:
+            self.gens[node] = self.gens.get(node, 0) + 1
+
+    def _new_epoch(self) -> None:
+        self.epoch += 1
+        self.memo.clear()
 
     def apply_pod(self, obj: Obj, deleted: bool = False) -> None:
         rec = snapshot.pod_rec(obj)
@@ -87,6 +102,7 @@ class ClusterState:
     def apply_node(self, obj: Obj, deleted: bool = False) -> None:
         info = snapshot.node_info(obj, self.cfg.resource_name)
         with self.lock:
+            self._touch(info.name)
             if deleted:
                 self.nodes.pop(info.name, None)
             else:
@@ -106,6 +122,7 @@ class ClusterState:
                 if uid not in self._keys or keep_keys[uid] > self._keys[uid]:
                     self.pods[uid], self._keys[uid] = rec, keep_keys[uid]
             self.usage = snapshot.usage_of(list(self.pods.values()))
+            self._new_epoch()
 
     def replace_nodes(self, items: list[Obj]) -> None:
         with self.lock:
@@ -113,6 +130,7 @@ class ClusterState:
             for obj in items:
                 info = snapshot.node_info(obj, self.cfg.resource_name)
                 self.nodes[info.name] = info
+            self._new_epoch()
 
     # ----- reservations (filter) -----
     def reserve(self, pod: Obj, decision: sc.Decision | None) -> tuple[PodRec | None, tuple[int, int] | None]:
@@ -131,6 +149,10 @@ class ClusterState:
             if self._keys.get(uid, (0, 0))[1] != 1:
                 return  # a newer real version arrived meanwhile: keep it
             self._set(uid, old, old_key or (-1, 0))
+
+    def is_settled(self, uid: str) -> bool:
+        """The record is an API version (not a provisional reservation). Call under lock."""
+        return self._keys.get(uid, (0, 1))[1] == 0
 
     # ----- views -----
     def views(self, names: list[str] | None = None, infos: list[NodeInfo] | None = None) -> list[NodeView]:
@@ -157,6 +179,14 @@ class ClusterState:
             per.setdefault(uuid, Use()).add(u, -1)
         out[node] = per
         return out
+
+    def gens_without(self, uid: str) -> dict[str, int]:
+        """Node generations for the fit memo, less the node whose usage usage_without() changed. Call under lock."""
+        rec = self.pods.get(uid)
+        node = snapshot.counts(rec) if rec is not None else ""
+        if not node:
+            return self.gens
+        return self.gens | {node: -1}
 
     def usage_copy(self) -> Usage:
         with self.lock:

@@ -806,3 +806,28 @@ def pod_object(
     if scheduler:
         spec["schedulerName"] = scheduler
     return {"metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}}, "spec": spec}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.support.kubeapi`: serve the stand-in in its own process until SIGTERM.
+
+    Prints `kubeapi: serving on <url>` once listening (benchmarks keep it off their own GIL).
+    """
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(prog="kubeapi", description="Kubernetes API stand-in (tests only)")
+    ap.add_argument("--history", type=int, default=20_000, help="watch events kept (older versions get 410)")
+    args = ap.parse_args(argv)
+    api = KubeAPI(history=args.history).start()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    print(f"kubeapi: serving on {api.url}", flush=True)
+    done.wait()
+    api.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
