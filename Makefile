@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # Every fragment appends its outputs to ALL_TARGETS.
 ALL_TARGETS :=
 
-.PHONY: all venv test lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares deb rpm test-asan
+.PHONY: all venv test lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler deb rpm test-asan
 
 all: build-all
 
@@ -75,6 +75,8 @@ bench-plugin: venv build-all
 	$(PY) tests/bench/bench_plugin.py
 bench-shares: venv build-all
 	$(PY) tests/bench/bench_shares.py
+bench-scheduler: venv
+	$(PY) tests/bench/bench_scheduler.py
 
 # --- generated gRPC code of the device plugin (committed; regenerate after editing the .proto) ---
 proto: venv
