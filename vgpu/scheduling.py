@@ -90,7 +90,9 @@ class NodeInventory(msgspec.Struct, kw_only=True):
     gpus: list[InventoryGPU] = msgspec.field(default_factory=list)
 
 
-class GPUAssignment(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+# Decisions are trees of scalars (no reference cycles possible): gc=False keeps thousands of them
+# out of the cyclic GC's full collections in the scheduler.
+class GPUAssignment(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=False):
     """One GPU given to a container: its UUID, the memory limit in bytes and the compute share in percent."""
 
     uuid: Uuid
@@ -98,13 +100,13 @@ class GPUAssignment(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cores: Percent
 
 
-class ContainerDecision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class ContainerDecision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=False):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
     init: bool = False
     gpus: list[GPUAssignment]
 
 
-class Decision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class Decision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=False):
     """`vgpu.k8s.io/decision` on the Pod: one entry per vGPU container, init containers first (spec order)."""
 
     version: int = DECISION_VERSION

@@ -21,7 +21,7 @@ from vgpu_scheduler.snapshot import GPU, NodeView, Use, decision_usage
 
 MiB = 1 << 20
 MAX_REASONS = 8
-MEMO_MAX = 50_000
+MEMO_MAX = 10_000
 
 
 @dataclass(frozen=True, slots=True)

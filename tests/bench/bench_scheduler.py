@@ -176,6 +176,15 @@ def start(api: RemoteAPI, cfg: SchedulerConfig) -> tuple[Service, Any]:
     return svc, srv
 
 
+def memory_stddev_pct(usage: snapshot.Usage) -> float:
+    pcts = [
+        100 * usage.get(f"node-{n:03d}", {}).get(f"GPU-node-{n:03d}-{i}", snapshot.Use()).memory / (MEM_GIB * GiB)
+        for n in range(NODES)
+        for i in range(GPUS)
+    ]
+    return statistics.pstdev(pcts)
+
+
 def schedule(
     api: RemoteAPI, cfg: SchedulerConfig, pods: list[dict[str, Any]]
 ) -> tuple[Service, Any, list[float], float, int]:
@@ -292,6 +301,7 @@ def main() -> int:
         pods_per_s = placed / wall
         time.sleep(0.5)
         used = gpus_used(svc.state.usage_copy())
+        binpack_stddev = memory_stddev_pct(svc.state.usage_copy())
         stop(svc, srv)
         ffd, ffd_unplaced = ffd_gpus(pods, binpack)
         packing = ffd / used if used else 0.0
@@ -318,13 +328,7 @@ def main() -> int:
         cluster(api)
         svc, srv, _lat, _wall, _un = schedule(api, spread, pod_mix(random.Random(SEED)))
         time.sleep(0.5)
-        usage = svc.state.usage_copy()
-        pcts = [
-            100 * usage.get(f"node-{n:03d}", {}).get(f"GPU-node-{n:03d}-{i}", snapshot.Use()).memory / (MEM_GIB * GiB)
-            for n in range(NODES)
-            for i in range(GPUS)
-        ]
-        stddev = statistics.pstdev(pcts)
+        stddev = memory_stddev_pct(svc.state.usage_copy())
         stop(svc, srv)
     p99, p50 = p(lat, 0.99), p(lat, 0.50)
     print(f"nodes={NODES} gpus={NODES * GPUS} pods={PODS} seed={SEED}")
@@ -335,7 +339,7 @@ def main() -> int:
     lb = lower_bound_gpus(pods)
     print(f"gpus_used_binpack={used} gpus_used_ffd={ffd} gpus_lower_bound={lb} packing_vs_lower_bound={lb / used:.3f}")
     print(f"packing_ratio={packing:.3f}")
-    print(f"spread_stddev_pct={stddev:.2f}")
+    print(f"spread_stddev_pct={stddev:.2f} binpack_stddev_pct={binpack_stddev:.2f}")
     print(f"drift_bytes={drift}")
     ok = p99 <= 20 and pods_per_s >= 50 and packing >= 0.95 and drift == 0
     print(

@@ -153,3 +153,58 @@ def test_node_whose_plugin_died_or_went_stale_offers_nothing(kubeapi: KubeAPI) -
         assert "stale" in un["stale"]
         assert "invalid inventory" in un["bad"]
         assert "no vGPU inventory" in un["none"]
+
+
+def _pod(uid: str, rv: int, node: str = "n1", mem: int = 1024, phase: str = "Pending") -> dict[str, Any]:
+    d = sc.Decision(
+        node=node,
+        time=0,
+        containers=[
+            sc.ContainerDecision(name="main", gpus=[sc.GPUAssignment(uuid=uuid(node, 0), memory=mem * MiB, cores=10)])
+        ],
+    )
+    return {
+        "metadata": {
+            "uid": uid,
+            "name": uid,
+            "namespace": "default",
+            "resourceVersion": str(rv),
+            "annotations": {sc.DECISION_ANNOTATION: sc.encode(d)},
+        },
+        "spec": {},
+        "status": {"phase": phase},
+    }
+
+
+def test_ordering_of_watch_events_answers_and_lists() -> None:
+    from vgpu_scheduler.config import SchedulerConfig
+    from vgpu_scheduler.state import ClusterState
+
+    st = ClusterState(SchedulerConfig())
+    g = uuid("n1", 0)
+    st.apply_pod(_pod("a", 10, mem=1000))
+    st.apply_pod(_pod("a", 9, mem=9000))  # a late, older event: ignored
+    assert st.usage["n1"][g].memory == 1000 * MiB
+    # a reservation made from an old copy (rv 8) survives a late event (rv 9) while its write is in flight
+    old, old_key = st.reserve(
+        _pod("a", 8), sc.decode_decision(_pod("b", 0, mem=2000)["metadata"]["annotations"][sc.DECISION_ANNOTATION])
+    )
+    st.apply_pod(_pod("a", 9, mem=9000))
+    assert st.usage["n1"][g].memory == 2000 * MiB
+    st.rollback("a", old, old_key)
+    assert st.usage["n1"][g].memory == 1000 * MiB
+    # deleted, then a late patch answer of the same pod: stays deleted
+    st.apply_pod(_pod("a", 12), deleted=True)
+    st.apply_pod(_pod("a", 11))
+    assert st.usage["n1"][g].memory == 0
+    # a list taken at rv 20 while the watch applied newer things: c (rv 25) changed, d created, e deleted
+    st.apply_pod(_pod("c", 25, mem=3000))
+    st.apply_pod(_pod("d", 26, mem=500))
+    st.apply_pod(_pod("e", 27), deleted=True)
+    st.replace_pods([_pod("c", 15, mem=100), _pod("e", 14, mem=7000), _pod("f", 16, mem=50)], "20")
+    assert sorted(st.pods) == ["c", "d", "f"]
+    assert st.usage["n1"][g].memory == (3000 + 500 + 50) * MiB
+    assert snapshot.drift_bytes(st.usage, st.recomputed()) == 0
+    # a list without a version is the truth
+    st.replace_pods([_pod("x", 1, mem=10)])
+    assert sorted(st.pods) == ["x"] and st.usage["n1"][g].memory == 10 * MiB

@@ -363,7 +363,7 @@ class KubeAPI:
     def _bump(self, plural: str, ns: str, etype: str, obj: Obj) -> None:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
-        self._events.append((self._rv, plural, ns, etype, copy.deepcopy(obj)))
+        self._events.append((self._rv, plural, ns, etype, obj))  # published objects are never mutated
         if len(self._events) > self._history:
             drop = len(self._events) - self._history
             self._oldest = self._events[drop - 1][0]
@@ -433,7 +433,9 @@ class KubeAPI:
                 if p == plural and (namespace is None or ns == namespace)
             ]
 
-    def _mutate(self, plural: str, ns: str, name: str, fn: Callable[[Obj], Obj], rv: str | None = None) -> Obj:
+    def _mutate(
+        self, plural: str, ns: str, name: str, fn: Callable[[Obj], Obj], rv: str | None = None, pure: bool = False
+    ) -> Obj:
         with self._lock:
             cur = self._objects.get((plural, ns, name))
             if cur is None:
@@ -445,7 +447,8 @@ class KubeAPI:
                     f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
                     "please apply your changes to the latest version and try again",
                 )
-            new = fn(copy.deepcopy(cur))
+            new = fn(cur if pure else copy.deepcopy(cur))
+            new["metadata"] = dict(new.get("metadata") or {})  # its own, as _bump writes resourceVersion
             meta = new.setdefault("metadata", {})
             # immutable identity
             for k in ("name", "namespace", "uid", "creationTimestamp"):
@@ -485,7 +488,7 @@ class KubeAPI:
         body = copy.deepcopy(body)
         if "metadata" in body and isinstance(body["metadata"], dict):
             body["metadata"].pop("resourceVersion", None)
-        return self._mutate(plural, ns, name, lambda cur: merge_patch(cur, body, kind == "strategic"), rv)
+        return self._mutate(plural, ns, name, lambda cur: merge_patch(cur, body, kind == "strategic"), rv, pure=True)
 
     def delete(self, plural: str, name: str, namespace: str = "") -> Obj:
         ns = "" if plural in CLUSTER_SCOPED else (namespace or "default")
@@ -555,7 +558,7 @@ class KubeAPI:
             if rv in ("", "0"):
                 start = self._rv
                 initial = [
-                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    {"type": "ADDED", "object": o}
                     for (p, ons, _), o in self._objects.items()
                     if p == plural and (ns is None or ons == ns) and _matches(o, ls, fs)
                 ]
@@ -592,7 +595,7 @@ class KubeAPI:
                 for erv, p, ens, etype, o in self._events[first:]:
                     pos = erv
                     if p == plural and (ns is None or ens == ns) and _matches(o, ls, fs):
-                        batch.append({"type": etype, "object": copy.deepcopy(o)})
+                        batch.append({"type": etype, "object": o})
                 if not batch:
                     left = deadline - time.monotonic()
                     if left <= 0:
