@@ -167,6 +167,22 @@ class FlagConfig:
             log_dir=opts.get("--log-dir", paths.DEFAULT_LOG_DIR),
             log_max_bytes=int(raw),
         )
+        prefix = opts.get("--cdi-annotation-prefix", oci.CDI_ANNOTATION_PREFIX)
+        if not _valid_cdi_prefix(prefix):
+            raise ValueError(f"invalid option --cdi-annotation-prefix {prefix[:40]!r}: expected e.g. 'cdi.k8s.io/'")
+        self.device_plugin = _Section(cdi_annotation_prefix=prefix)
+
+
+def _valid_cdi_prefix(p: str) -> bool:
+    """vgpu.config's pattern for cdi_annotation_prefix, without `re` on the hook's path."""
+    head = p[:-1]
+    return (
+        p.endswith("/")
+        and bool(head)
+        and head[0].isascii()
+        and head[0].isalnum()
+        and all(c.isascii() and (c.islower() or c.isdigit() or c in ".-") for c in head)
+    )
 
 
 def hook_config(opts: dict[str, str]) -> Any:
@@ -209,7 +225,8 @@ def cmd_prestart(cfg: Any, decision: oci.Proceed | oci.Skip | oci.Fail | None) -
     from runtime_hook import prestart
 
     try:
-        prestart.run(decision, cfg.common.state_dir, cfg.hook.library_path)
+        prefixes = tuple(dict.fromkeys((oci.CDI_ANNOTATION_PREFIX, cfg.device_plugin.cdi_annotation_prefix)))
+        prestart.run(decision, cfg.common.state_dir, cfg.hook.library_path, prefixes)
     except oci.HookError as e:
         return _fatal(str(e))
     except Exception as e:  # a bug must still fail closed with one line, never only a traceback

@@ -49,6 +49,7 @@ V3_RUNTIME = "io.containerd.cri.v1.runtime"
 HOOK_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 MARK = "vgpu-hook"
 ANNOTATION_GLOB = "vgpu.k8s.io/*"
+CDI_DEFAULT_PREFIX = "cdi.k8s.io/"
 
 
 class InstallError(Exception):
@@ -446,6 +447,11 @@ def resolved_args(args: argparse.Namespace, cfg: Any) -> list[str]:
         "--log-level", str(cfg.common.log_level),
         "--log-max-bytes", str(cfg.hook.log_max_bytes),
     ]  # fmt: skip
+    prefix = cfg.device_plugin.cdi_annotation_prefix
+    if prefix != CDI_DEFAULT_PREFIX:
+        # The hook checks CDI annotations under this prefix too (the device plugin's, which the
+        # node's NVIDIA runtime is then configured to honour), without parsing the TOML file.
+        out += ["--cdi-annotation-prefix", prefix]
     return out
 
 

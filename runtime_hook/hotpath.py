@@ -23,7 +23,15 @@ DEFAULT_STATE_DIR = "/var/lib/vgpu"  # == vgpu.paths.DEFAULT_STATE_DIR (checked 
 DEFAULT_CONFIG_PATH = "/etc/vgpu/config.toml"
 DEFAULT_LIBRARY_PATH = "/usr/lib/vgpu/libvgpu.so"  # == vgpu.paths.DEFAULT_LIBRARY_PATH
 DEFAULT_LOG_DIR = "/var/log/vgpu"  # == vgpu.paths.DEFAULT_LOG_DIR
-_VALUE_OPTS = ("--config", "--state-dir", "--log-level", "--library-path", "--log-dir", "--log-max-bytes")
+_VALUE_OPTS = (
+    "--config",
+    "--state-dir",
+    "--log-level",
+    "--library-path",
+    "--log-dir",
+    "--log-max-bytes",
+    "--cdi-annotation-prefix",
+)
 
 
 def scan_argv(argv: list[str]) -> tuple[str | None, dict[str, str]]:

@@ -358,7 +358,12 @@ def _gpu_minors(proc_gpus: str) -> dict[int, str]:
     return out
 
 
-def gpu_requests_outside(spec: dict[str, Any], allowed_uuids: set[str], proc_gpus: str = PROC_NVIDIA_GPUS) -> list[str]:
+def gpu_requests_outside(
+    spec: dict[str, Any],
+    allowed_uuids: set[str],
+    proc_gpus: str = PROC_NVIDIA_GPUS,
+    cdi_prefixes: tuple[str, ...] = (CDI_ANNOTATION_PREFIX,),
+) -> list[str]:
     """Every way a container can ask NVIDIA's runtime or a CDI-enabled engine for a GPU, checked
     against the allocation: one problem string per finding, [] when all is inside.
 
@@ -367,8 +372,9 @@ def gpu_requests_outside(spec: dict[str, Any], allowed_uuids: set[str], proc_gpu
     - mounts at /var/run/nvidia-container-devices/<dev> (volume-mounts strategy); a destination
       with `..` or one that normalises elsewhere is refused outright (the runtime matches the
       raw string, the kernel resolves it: never let the two disagree);
-    - annotations under cdi.k8s.io/ (also `<x>.cdi.k8s.io/`, the toolkit NRI plugin's form):
-      comma lists of CDI names;
+    - annotations under cdi.k8s.io/ (also `<x>.cdi.k8s.io/`, the toolkit NRI plugin's form) and
+      under every other prefix in `cdi_prefixes` (the node's configured one): comma lists of CDI
+      names -- a prefix the engine honours but we did not check would be an unlimited GPU;
     - device nodes /dev/nvidia<N> already in linux.devices (CDI edits containerd applied for
       CRI cdi_devices, or a CDI-mode runtime): with the driver's /proc files each minor must be
       an allocated GPU, without them there must not be more nodes than allocated GPUs.
@@ -395,7 +401,7 @@ def gpu_requests_outside(spec: dict[str, Any], allowed_uuids: set[str], proc_gpu
     anns = spec.get("annotations")
     for key, value in sorted(anns.items()) if isinstance(anns, dict) else []:
         if not isinstance(key, str) or not (
-            key.startswith(CDI_ANNOTATION_PREFIX) or "." + CDI_ANNOTATION_PREFIX in key
+            any(key.startswith(p) for p in cdi_prefixes) or "." + CDI_ANNOTATION_PREFIX in key
         ):
             continue
         names = [v.strip() for v in str(value).split(",") if v.strip()]

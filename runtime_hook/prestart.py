@@ -44,11 +44,13 @@ def load_record(p: vpaths.Paths, token: str) -> records.Record:
     return rec
 
 
-def check_visible_devices(spec: dict[str, object], rec: records.Record) -> None:
+def check_visible_devices(
+    spec: dict[str, object], rec: records.Record, cdi_prefixes: tuple[str, ...] = (oci.CDI_ANNOTATION_PREFIX,)
+) -> None:
     """Refuse a container that asks for a GPU outside its record, in any of the forms NVIDIA's
     runtime or a CDI engine honours (env, volume mounts, CDI annotations, device nodes already
     injected): the limits are per GPU of the record, another GPU would be unlimited."""
-    bad = oci.gpu_requests_outside(spec, {g.uuid for g in rec.gpus})  # type: ignore[arg-type]
+    bad = oci.gpu_requests_outside(spec, {g.uuid for g in rec.gpus}, cdi_prefixes=cdi_prefixes)  # type: ignore[arg-type]
     if bad:
         raise HookError("; ".join(bad))
 
@@ -89,8 +91,14 @@ def _lstat(path: str) -> os.stat_result | None:
         return None
 
 
-def run(decision: oci.Proceed, state_dir: str, library_path: str) -> None:
-    """Set up the vGPU container or raise HookError."""
+def run(
+    decision: oci.Proceed,
+    state_dir: str,
+    library_path: str,
+    cdi_prefixes: tuple[str, ...] = (oci.CDI_ANNOTATION_PREFIX,),
+) -> None:
+    """Set up the vGPU container or raise HookError.  `cdi_prefixes`: every CDI annotation
+    prefix the node's engine may honour (the default and the device plugin's configured one)."""
     state, spec, token = decision.state, decision.spec, decision.token
     p = vpaths.Paths(state_dir)
     if not vpaths.valid_container_id(state.id):
@@ -98,7 +106,7 @@ def run(decision: oci.Proceed, state_dir: str, library_path: str) -> None:
     if state.pid <= 0:
         raise HookError("OCI state has no container pid")
     rec = load_record(p, token)
-    check_visible_devices(spec, rec)
+    check_visible_devices(spec, rec, cdi_prefixes)
     root = oci.rootfs_path(spec, state.bundle)
     try:
         lst = os.stat(library_path)

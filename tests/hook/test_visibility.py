@@ -204,3 +204,41 @@ def test_allowed_forms_start_through_runc(node: Node) -> None:
     r = node.run(b, "vis-ok")
     assert r.returncode == 0, r.stderr  # type: ignore[attr-defined]
     assert "STARTED" in r.stdout  # type: ignore[attr-defined]
+
+
+def test_configured_cdi_prefix_is_checked() -> None:
+    custom = {"gpus.example.com/x": "nvidia.com/gpu=all"}
+    assert outside(spec(ann=custom)) == []  # not a prefix this node honours
+    [msg] = oci.gpu_requests_outside(spec(ann=custom), {A}, "/nonexistent", ("cdi.k8s.io/", "gpus.example.com/"))
+    assert msg.startswith("annotation gpus.example.com/x names CDI devices outside the vGPU allocation")
+
+
+@pytest.mark.root
+def test_configured_cdi_prefix_refused_through_runc(node: Node) -> None:
+    """A non-default `device_plugin.cdi_annotation_prefix` (one NVIDIA's runtime is then set to
+    honour) reaches the hook as `--cdi-annotation-prefix`, as `containerd install` writes it:
+    annotations under it are checked too."""
+    token = support.write_record(node.state)
+    ann = {"gpus.example.com/vgpu_x": "nvidia.com/gpu=all"}
+    b = node.bundle(["echo", "STARTED"], env=[f"VGPU_ALLOCATION_TOKEN={token}"], annotations=ann)
+    cfg = json.loads((b / "config.json").read_text())
+    for h in cfg["hooks"]["prestart"]:
+        h["args"][-1:-1] = ["--cdi-annotation-prefix", "gpus.example.com/"]
+    (b / "config.json").write_text(json.dumps(cfg))
+    r = node.run(b, "vis-prefix")
+    assert r.returncode != 0  # type: ignore[attr-defined]
+    assert "STARTED" not in r.stdout  # type: ignore[attr-defined]
+    assert "annotation gpus.example.com/vgpu_x names CDI devices outside" in r.stderr, r.stderr  # type: ignore[attr-defined]
+
+
+def test_install_passes_a_configured_prefix(tmp_path: Path) -> None:
+    from runtime_hook import cli, containerd
+
+    conf = tmp_path / "config.toml"
+    conf.write_text('[device_plugin]\ncdi_annotation_prefix = "gpus.example.com/"\n')
+    ns = cli.build_parser().parse_args(["--config", str(conf), "containerd", "print", "--without-nvidia-runtime"])
+    args = containerd.resolved_args(ns, cli._load(str(conf), {}))
+    assert args[-2:] == ["--cdi-annotation-prefix", "gpus.example.com/"]
+    assert "--cdi-annotation-prefix" not in containerd.resolved_args(ns, cli._load(str(tmp_path / "none"), {}))
+    with pytest.raises(ValueError, match="--cdi-annotation-prefix"):
+        cli.FlagConfig({"--cdi-annotation-prefix": "../x/"})
