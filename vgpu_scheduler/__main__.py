@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     for f in msgspec.structs.fields(SchedulerConfig):
         flag = "--" + f.name.replace("_", "-")
-        if f.type is bool or f.default in (True, False):
+        if f.type is bool or isinstance(f.default, bool):  # not `in (True, False)`: 0 == False, 1 == True
             p.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction)
         else:
             p.add_argument(flag, dest=f.name, default=None, type=type(f.default), help=f"default {f.default!r}")

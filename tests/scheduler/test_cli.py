@@ -30,6 +30,36 @@ def test_invalid_flags_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 0 and "--gpu-policy" in r.stdout and "--leader-elect" in r.stdout
 
 
+def test_every_config_field_is_a_flag_of_its_type() -> None:
+    """Int fields whose default is 0 or 1 are numbers, not booleans (0 == False in Python)."""
+    from vgpu_scheduler.__main__ import config_from, parser
+
+    ns = parser().parse_args(
+        [
+            "--default-gpumem-mib",
+            "2048",
+            "--default-gpu-count",
+            "2",
+            "--default-gpucores",
+            "20",
+            "--no-overwrite-default-scheduler",
+            "--leader-elect",
+            "--lease-namespace",
+            "gpu-system",
+            "--stale-after-s",
+            "60",
+        ]
+    )
+    cfg = config_from(ns)
+    assert (cfg.default_gpumem_mib, cfg.default_gpu_count, cfg.default_gpucores) == (2048, 2, 20)
+    assert (cfg.overwrite_default_scheduler, cfg.leader_elect, cfg.lease_namespace, cfg.stale_after_s) == (
+        False,
+        True,
+        "gpu-system",
+        60.0,
+    )
+
+
 def test_process_serves_filter_and_stops_on_sigterm(kubeapi: KubeAPI, tmp_path: Path) -> None:
     kubeapi.create("nodes", gpu_node("n1"))
     pod = kubeapi.create("pods", vgpu_pod("p", mem=4096, cores=30))
