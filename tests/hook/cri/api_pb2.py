@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tapi.proto\x12\nruntime.v1\"!\n\x0eVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"n\n\x0fVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x14\n\x0cruntime_name\x18\x02 \x01(\t\x12\x17\n\x0fruntime_version\x18\x03 \x01(\t\x12\x1b\n\x13runtime_api_version\x18\x04 \x01(\t\"\xa0\x01\n\x0fNamespaceOption\x12*\n\x07network\x18\x01 \x01(\x0e\x32\x19.runtime.v1.NamespaceMode\x12&\n\x03pid\x18\x02 \x01(\x0e\x32\x19.runtime.v1.NamespaceMode\x12&\n\x03ipc\x18\x03 \x01(\x0e\x32\x19.runtime.v1.NamespaceMode\x12\x11\n\ttarget_id\x18\x04 \x01(\t\"\x82\x01\n\x1bLinuxSandboxSecurityContext\x12\x36\n\x11namespace_options\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.NamespaceOption\x12\x17\n\x0freadonly_rootfs\x18\x04 \x01(\x08\x12\x12\n\nprivileged\x18\x06 \x01(\x08\"q\n\x15LinuxPodSandboxConfig\x12\x15\n\rcgroup_parent\x18\x01 \x01(\t\x12\x41\n\x10security_context\x18\x02 \x01(\x0b\x32\'.runtime.v1.LinuxSandboxSecurityContext\"S\n\x12PodSandboxMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\"\x80\x03\n\x10PodSandboxConfig\x12\x30\n\x08metadata\x18\x01 \x01(\x0b\x32\x1e.runtime.v1.PodSandboxMetadata\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x15\n\rlog_directory\x18\x03 \x01(\t\x12\x38\n\x06labels\x18\x06 \x03(\x0b\x32(.runtime.v1.PodSandboxConfig.LabelsEntry\x12\x42\n\x0b\x61nnotations\x18\x07 \x03(\x0b\x32-.runtime.v1.PodSandboxConfig.AnnotationsEntry\x12\x30\n\x05linux\x18\x08 \x01(\x0b\x32!.runtime.v1.LinuxPodSandboxConfig\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"]\n\x14RunPodSandboxRequest\x12,\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1c.runtime.v1.PodSandboxConfig\x12\x17\n\x0fruntime_handler\x18\x02 \x01(\t\"/\n\x15RunPodSandboxResponse\x12\x16\n\x0epod_sandbox_id\x18\x01 \x01(\t\"/\n\x15StopPodSandboxRequest\x12\x16\n\x0epod_sandbox_id\x18\x01 \x01(\t\"\x18\n\x16StopPodSandboxResponse\"1\n\x17RemovePodSandboxRequest\x12\x16\n\x0epod_sandbox_id\x18\x01 \x01(\t\"\x1a\n\x18RemovePodSandboxResponse\"\x8b\x01\n\tImageSpec\x12\r\n\x05image\x18\x01 \x01(\t\x12;\n\x0b\x61nnotations\x18\x02 \x03(\x0b\x32&.runtime.v1.ImageSpec.AnnotationsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"2\n\x11\x43ontainerMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\x84\x01\n\x1dLinuxContainerSecurityContext\x12\x12\n\nprivileged\x18\x02 \x01(\x08\x12\x36\n\x11namespace_options\x18\x03 \x01(\x0b\x32\x1b.runtime.v1.NamespaceOption\x12\x17\n\x0freadonly_rootfs\x18\x07 \x01(\x08\"[\n\x14LinuxContainerConfig\x12\x43\n\x10security_context\x18\x02 \x01(\x0b\x32).runtime.v1.LinuxContainerSecurityContext\"\xe2\x03\n\x0f\x43ontainerConfig\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12$\n\x05image\x18\x02 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x0c\n\x04\x61rgs\x18\x04 \x03(\t\x12\x13\n\x0bworking_dir\x18\x05 \x01(\t\x12\"\n\x04\x65nvs\x18\x06 \x03(\x0b\x32\x14.runtime.v1.KeyValue\x12\x37\n\x06labels\x18\t \x03(\x0b\x32\'.runtime.v1.ContainerConfig.LabelsEntry\x12\x41\n\x0b\x61nnotations\x18\n \x03(\x0b\x32,.runtime.v1.ContainerConfig.AnnotationsEntry\x12\x10\n\x08log_path\x18\x0b \x01(\t\x12/\n\x05linux\x18\x0f \x01(\x0b\x32 .runtime.v1.LinuxContainerConfig\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x01\n\x16\x43reateContainerRequest\x12\x16\n\x0epod_sandbox_id\x18\x01 \x01(\t\x12+\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1b.runtime.v1.ContainerConfig\x12\x34\n\x0esandbox_config\x18\x03 \x01(\x0b\x32\x1c.runtime.v1.PodSandboxConfig\"/\n\x17\x43reateContainerResponse\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"-\n\x15StartContainerRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"\x18\n\x16StartContainerResponse\"=\n\x14StopContainerRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0f\n\x07timeout\x18\x02 \x01(\x03\"\x17\n\x15StopContainerResponse\".\n\x16RemoveContainerRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"\x19\n\x17RemoveContainerResponse\"?\n\x16\x43ontainerStatusRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0f\n\x07verbose\x18\x02 \x01(\x08\"\xf3\x02\n\x0f\x43ontainerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x08metadata\x18\x02 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x04 \x01(\x03\x12\x12\n\nstarted_at\x18\x05 \x01(\x03\x12\x13\n\x0b\x66inished_at\x18\x06 \x01(\x03\x12\x11\n\texit_code\x18\x07 \x01(\x05\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x41\n\x0b\x61nnotations\x18\r \x03(\x0b\x32,.runtime.v1.ContainerStatus.AnnotationsEntry\x12\x10\n\x08log_path\x18\x0f \x01(\t\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb0\x01\n\x17\x43ontainerStatusResponse\x12+\n\x06status\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.ContainerStatus\x12;\n\x04info\x18\x02 \x03(\x0b\x32-.runtime.v1.ContainerStatusResponse.InfoEntry\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*=\n\rNamespaceMode\x12\x07\n\x03POD\x10\x00\x12\r\n\tCONTAINER\x10\x01\x12\x08\n\x04NODE\x10\x02\x12\n\n\x06TARGET\x10\x03*k\n\x0e\x43ontainerState\x12\x15\n\x11\x43ONTAINER_CREATED\x10\x00\x12\x15\n\x11\x43ONTAINER_RUNNING\x10\x01\x12\x14\n\x10\x43ONTAINER_EXITED\x10\x02\x12\x15\n\x11\x43ONTAINER_UNKNOWN\x10\x03\x32\xb7\x06\n\x0eRuntimeService\x12\x44\n\x07Version\x12\x1a.runtime.v1.VersionRequest\x1a\x1b.runtime.v1.VersionResponse\"\x00\x12V\n\rRunPodSandbox\x12 .runtime.v1.RunPodSandboxRequest\x1a!.runtime.v1.RunPodSandboxResponse\"\x00\x12Y\n\x0eStopPodSandbox\x12!.runtime.v1.StopPodSandboxRequest\x1a\".runtime.v1.StopPodSandboxResponse\"\x00\x12_\n\x10RemovePodSandbox\x12#.runtime.v1.RemovePodSandboxRequest\x1a$.runtime.v1.RemovePodSandboxResponse\"\x00\x12\\\n\x0f\x43reateContainer\x12\".runtime.v1.CreateContainerRequest\x1a#.runtime.v1.CreateContainerResponse\"\x00\x12Y\n\x0eStartContainer\x12!.runtime.v1.StartContainerRequest\x1a\".runtime.v1.StartContainerResponse\"\x00\x12V\n\rStopContainer\x12 .runtime.v1.StopContainerRequest\x1a!.runtime.v1.StopContainerResponse\"\x00\x12\\\n\x0fRemoveContainer\x12\".runtime.v1.RemoveContainerRequest\x1a#.runtime.v1.RemoveContainerResponse\"\x00\x12\\\n\x0f\x43ontainerStatus\x12\".runtime.v1.ContainerStatusRequest\x1a#.runtime.v1.ContainerStatusResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tapi.proto\x12\nruntime.v1\"!\n\x0eVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"n\n\x0fVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x14\n\x0cruntime_name\x18\x02 \x01(\t\x12\x17\n\x0fruntime_version\x18\x03 \x01(\t\x12\x1b\n\x13runtime_api_version\x18\x04 \x01(\t\"\xa0\x01\n\x0fNamespaceOption\x12*\n\x07network\x18\x01 \x01(\x0e\x32\x19.runtime.v1.NamespaceMode\x12&\n\x03pid\x18\x02 \x01(\x0e\x32\x19.runtime.v1.NamespaceMode\x12&\n\x03ipc\x18\x03 \x01(\x0e\x32\x19.runtime.v1.NamespaceMode\x12\x11\n\ttarget_id\x18\x04 \x01(\t\"\x82\x01\n\x1bLinuxSandboxSecurityContext\x12\x36\n\x11namespace_options\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.NamespaceOption\x12\x17\n\x0freadonly_rootfs\x18\x04 \x01(\x08\x12\x12\n\nprivileged\x18\x06 \x01(\x08\"q\n\x15LinuxPodSandboxConfig\x12\x15\n\rcgroup_parent\x18\x01 \x01(\t\x12\x41\n\x10security_context\x18\x02 \x01(\x0b\x32\'.runtime.v1.LinuxSandboxSecurityContext\"S\n\x12PodSandboxMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\"\x80\x03\n\x10PodSandboxConfig\x12\x30\n\x08metadata\x18\x01 \x01(\x0b\x32\x1e.runtime.v1.PodSandboxMetadata\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x15\n\rlog_directory\x18\x03 \x01(\t\x12\x38\n\x06labels\x18\x06 \x03(\x0b\x32(.runtime.v1.PodSandboxConfig.LabelsEntry\x12\x42\n\x0b\x61nnotations\x18\x07 \x03(\x0b\x32-.runtime.v1.PodSandboxConfig.AnnotationsEntry\x12\x30\n\x05linux\x18\x08 \x01(\x0b\x32!.runtime.v1.LinuxPodSandboxConfig\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"]\n\x14RunPodSandboxRequest\x12,\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1c.runtime.v1.PodSandboxConfig\x12\x17\n\x0fruntime_handler\x18\x02 \x01(\t\"/\n\x15RunPodSandboxResponse\x12\x16\n\x0epod_sandbox_id\x18\x01 \x01(\t\"/\n\x15StopPodSandboxRequest\x12\x16\n\x0epod_sandbox_id\x18\x01 \x01(\t\"\x18\n\x16StopPodSandboxResponse\"1\n\x17RemovePodSandboxRequest\x12\x16\n\x0epod_sandbox_id\x18\x01 \x01(\t\"\x1a\n\x18RemovePodSandboxResponse\"\x8b\x01\n\tImageSpec\x12\r\n\x05image\x18\x01 \x01(\t\x12;\n\x0b\x61nnotations\x18\x02 \x03(\x0b\x32&.runtime.v1.ImageSpec.AnnotationsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"2\n\x11\x43ontainerMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\x1b\n\nInt64Value\x12\r\n\x05value\x18\x01 \x01(\x03\"A\n\nCapability\x12\x18\n\x10\x61\x64\x64_capabilities\x18\x01 \x03(\t\x12\x19\n\x11\x64rop_capabilities\x18\x02 \x03(\t\"D\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x10\n\x08readonly\x18\x03 \x01(\x08\"\xf5\x01\n\x1dLinuxContainerSecurityContext\x12,\n\x0c\x63\x61pabilities\x18\x01 \x01(\x0b\x32\x16.runtime.v1.Capability\x12\x12\n\nprivileged\x18\x02 \x01(\x08\x12\x36\n\x11namespace_options\x18\x03 \x01(\x0b\x32\x1b.runtime.v1.NamespaceOption\x12+\n\x0brun_as_user\x18\x05 \x01(\x0b\x32\x16.runtime.v1.Int64Value\x12\x17\n\x0freadonly_rootfs\x18\x07 \x01(\x08\x12\x14\n\x0cno_new_privs\x18\x0b \x01(\x08\"[\n\x14LinuxContainerConfig\x12\x43\n\x10security_context\x18\x02 \x01(\x0b\x32).runtime.v1.LinuxContainerSecurityContext\"\x85\x04\n\x0f\x43ontainerConfig\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12$\n\x05image\x18\x02 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x0c\n\x04\x61rgs\x18\x04 \x03(\t\x12\x13\n\x0bworking_dir\x18\x05 \x01(\t\x12\"\n\x04\x65nvs\x18\x06 \x03(\x0b\x32\x14.runtime.v1.KeyValue\x12!\n\x06mounts\x18\x07 \x03(\x0b\x32\x11.runtime.v1.Mount\x12\x37\n\x06labels\x18\t \x03(\x0b\x32\'.runtime.v1.ContainerConfig.LabelsEntry\x12\x41\n\x0b\x61nnotations\x18\n \x03(\x0b\x32,.runtime.v1.ContainerConfig.AnnotationsEntry\x12\x10\n\x08log_path\x18\x0b \x01(\t\x12/\n\x05linux\x18\x0f \x01(\x0b\x32 .runtime.v1.LinuxContainerConfig\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x01\n\x16\x43reateContainerRequest\x12\x16\n\x0epod_sandbox_id\x18\x01 \x01(\t\x12+\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1b.runtime.v1.ContainerConfig\x12\x34\n\x0esandbox_config\x18\x03 \x01(\x0b\x32\x1c.runtime.v1.PodSandboxConfig\"/\n\x17\x43reateContainerResponse\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"-\n\x15StartContainerRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"\x18\n\x16StartContainerResponse\"=\n\x14StopContainerRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0f\n\x07timeout\x18\x02 \x01(\x03\"\x17\n\x15StopContainerResponse\".\n\x16RemoveContainerRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"\x19\n\x17RemoveContainerResponse\"?\n\x16\x43ontainerStatusRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0f\n\x07verbose\x18\x02 \x01(\x08\"\xf3\x02\n\x0f\x43ontainerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x08metadata\x18\x02 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x04 \x01(\x03\x12\x12\n\nstarted_at\x18\x05 \x01(\x03\x12\x13\n\x0b\x66inished_at\x18\x06 \x01(\x03\x12\x11\n\texit_code\x18\x07 \x01(\x05\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x0f\n\x07message\x18\x0b \x01(\t\x12\x41\n\x0b\x61nnotations\x18\r \x03(\x0b\x32,.runtime.v1.ContainerStatus.AnnotationsEntry\x12\x10\n\x08log_path\x18\x0f \x01(\t\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb0\x01\n\x17\x43ontainerStatusResponse\x12+\n\x06status\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.ContainerStatus\x12;\n\x04info\x18\x02 \x03(\x0b\x32-.runtime.v1.ContainerStatusResponse.InfoEntry\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*=\n\rNamespaceMode\x12\x07\n\x03POD\x10\x00\x12\r\n\tCONTAINER\x10\x01\x12\x08\n\x04NODE\x10\x02\x12\n\n\x06TARGET\x10\x03*k\n\x0e\x43ontainerState\x12\x15\n\x11\x43ONTAINER_CREATED\x10\x00\x12\x15\n\x11\x43ONTAINER_RUNNING\x10\x01\x12\x14\n\x10\x43ONTAINER_EXITED\x10\x02\x12\x15\n\x11\x43ONTAINER_UNKNOWN\x10\x03\x32\xb7\x06\n\x0eRuntimeService\x12\x44\n\x07Version\x12\x1a.runtime.v1.VersionRequest\x1a\x1b.runtime.v1.VersionResponse\"\x00\x12V\n\rRunPodSandbox\x12 .runtime.v1.RunPodSandboxRequest\x1a!.runtime.v1.RunPodSandboxResponse\"\x00\x12Y\n\x0eStopPodSandbox\x12!.runtime.v1.StopPodSandboxRequest\x1a\".runtime.v1.StopPodSandboxResponse\"\x00\x12_\n\x10RemovePodSandbox\x12#.runtime.v1.RemovePodSandboxRequest\x1a$.runtime.v1.RemovePodSandboxResponse\"\x00\x12\\\n\x0f\x43reateContainer\x12\".runtime.v1.CreateContainerRequest\x1a#.runtime.v1.CreateContainerResponse\"\x00\x12Y\n\x0eStartContainer\x12!.runtime.v1.StartContainerRequest\x1a\".runtime.v1.StartContainerResponse\"\x00\x12V\n\rStopContainer\x12 .runtime.v1.StopContainerRequest\x1a!.runtime.v1.StopContainerResponse\"\x00\x12\\\n\x0fRemoveContainer\x12\".runtime.v1.RemoveContainerRequest\x1a#.runtime.v1.RemoveContainerResponse\"\x00\x12\\\n\x0f\x43ontainerStatus\x12\".runtime.v1.ContainerStatusRequest\x1a#.runtime.v1.ContainerStatusResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,10 +47,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTAINERSTATUS_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._loaded_options = None
   _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._serialized_options = b'8\001'
-  _globals['_NAMESPACEMODE']._serialized_start=3353
-  _globals['_NAMESPACEMODE']._serialized_end=3414
-  _globals['_CONTAINERSTATE']._serialized_start=3416
-  _globals['_CONTAINERSTATE']._serialized_end=3523
+  _globals['_NAMESPACEMODE']._serialized_start=3667
+  _globals['_NAMESPACEMODE']._serialized_end=3728
+  _globals['_CONTAINERSTATE']._serialized_start=3730
+  _globals['_CONTAINERSTATE']._serialized_end=3837
   _globals['_VERSIONREQUEST']._serialized_start=25
   _globals['_VERSIONREQUEST']._serialized_end=58
   _globals['_VERSIONRESPONSE']._serialized_start=60
@@ -89,42 +89,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KEYVALUE']._serialized_end=1533
   _globals['_CONTAINERMETADATA']._serialized_start=1535
   _globals['_CONTAINERMETADATA']._serialized_end=1585
-  _globals['_LINUXCONTAINERSECURITYCONTEXT']._serialized_start=1588
-  _globals['_LINUXCONTAINERSECURITYCONTEXT']._serialized_end=1720
-  _globals['_LINUXCONTAINERCONFIG']._serialized_start=1722
-  _globals['_LINUXCONTAINERCONFIG']._serialized_end=1813
-  _globals['_CONTAINERCONFIG']._serialized_start=1816
-  _globals['_CONTAINERCONFIG']._serialized_end=2298
+  _globals['_INT64VALUE']._serialized_start=1587
+  _globals['_INT64VALUE']._serialized_end=1614
+  _globals['_CAPABILITY']._serialized_start=1616
+  _globals['_CAPABILITY']._serialized_end=1681
+  _globals['_MOUNT']._serialized_start=1683
+  _globals['_MOUNT']._serialized_end=1751
+  _globals['_LINUXCONTAINERSECURITYCONTEXT']._serialized_start=1754
+  _globals['_LINUXCONTAINERSECURITYCONTEXT']._serialized_end=1999
+  _globals['_LINUXCONTAINERCONFIG']._serialized_start=2001
+  _globals['_LINUXCONTAINERCONFIG']._serialized_end=2092
+  _globals['_CONTAINERCONFIG']._serialized_start=2095
+  _globals['_CONTAINERCONFIG']._serialized_end=2612
   _globals['_CONTAINERCONFIG_LABELSENTRY']._serialized_start=956
   _globals['_CONTAINERCONFIG_LABELSENTRY']._serialized_end=1001
   _globals['_CONTAINERCONFIG_ANNOTATIONSENTRY']._serialized_start=1003
   _globals['_CONTAINERCONFIG_ANNOTATIONSENTRY']._serialized_end=1053
-  _globals['_CREATECONTAINERREQUEST']._serialized_start=2301
-  _globals['_CREATECONTAINERREQUEST']._serialized_end=2448
-  _globals['_CREATECONTAINERRESPONSE']._serialized_start=2450
-  _globals['_CREATECONTAINERRESPONSE']._serialized_end=2497
-  _globals['_STARTCONTAINERREQUEST']._serialized_start=2499
-  _globals['_STARTCONTAINERREQUEST']._serialized_end=2544
-  _globals['_STARTCONTAINERRESPONSE']._serialized_start=2546
-  _globals['_STARTCONTAINERRESPONSE']._serialized_end=2570
-  _globals['_STOPCONTAINERREQUEST']._serialized_start=2572
-  _globals['_STOPCONTAINERREQUEST']._serialized_end=2633
-  _globals['_STOPCONTAINERRESPONSE']._serialized_start=2635
-  _globals['_STOPCONTAINERRESPONSE']._serialized_end=2658
-  _globals['_REMOVECONTAINERREQUEST']._serialized_start=2660
-  _globals['_REMOVECONTAINERREQUEST']._serialized_end=2706
-  _globals['_REMOVECONTAINERRESPONSE']._serialized_start=2708
-  _globals['_REMOVECONTAINERRESPONSE']._serialized_end=2733
-  _globals['_CONTAINERSTATUSREQUEST']._serialized_start=2735
-  _globals['_CONTAINERSTATUSREQUEST']._serialized_end=2798
-  _globals['_CONTAINERSTATUS']._serialized_start=2801
-  _globals['_CONTAINERSTATUS']._serialized_end=3172
+  _globals['_CREATECONTAINERREQUEST']._serialized_start=2615
+  _globals['_CREATECONTAINERREQUEST']._serialized_end=2762
+  _globals['_CREATECONTAINERRESPONSE']._serialized_start=2764
+  _globals['_CREATECONTAINERRESPONSE']._serialized_end=2811
+  _globals['_STARTCONTAINERREQUEST']._serialized_start=2813
+  _globals['_STARTCONTAINERREQUEST']._serialized_end=2858
+  _globals['_STARTCONTAINERRESPONSE']._serialized_start=2860
+  _globals['_STARTCONTAINERRESPONSE']._serialized_end=2884
+  _globals['_STOPCONTAINERREQUEST']._serialized_start=2886
+  _globals['_STOPCONTAINERREQUEST']._serialized_end=2947
+  _globals['_STOPCONTAINERRESPONSE']._serialized_start=2949
+  _globals['_STOPCONTAINERRESPONSE']._serialized_end=2972
+  _globals['_REMOVECONTAINERREQUEST']._serialized_start=2974
+  _globals['_REMOVECONTAINERREQUEST']._serialized_end=3020
+  _globals['_REMOVECONTAINERRESPONSE']._serialized_start=3022
+  _globals['_REMOVECONTAINERRESPONSE']._serialized_end=3047
+  _globals['_CONTAINERSTATUSREQUEST']._serialized_start=3049
+  _globals['_CONTAINERSTATUSREQUEST']._serialized_end=3112
+  _globals['_CONTAINERSTATUS']._serialized_start=3115
+  _globals['_CONTAINERSTATUS']._serialized_end=3486
   _globals['_CONTAINERSTATUS_ANNOTATIONSENTRY']._serialized_start=1003
   _globals['_CONTAINERSTATUS_ANNOTATIONSENTRY']._serialized_end=1053
-  _globals['_CONTAINERSTATUSRESPONSE']._serialized_start=3175
-  _globals['_CONTAINERSTATUSRESPONSE']._serialized_end=3351
-  _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._serialized_start=3308
-  _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._serialized_end=3351
-  _globals['_RUNTIMESERVICE']._serialized_start=3526
-  _globals['_RUNTIMESERVICE']._serialized_end=4349
+  _globals['_CONTAINERSTATUSRESPONSE']._serialized_start=3489
+  _globals['_CONTAINERSTATUSRESPONSE']._serialized_end=3665
+  _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._serialized_start=3622
+  _globals['_CONTAINERSTATUSRESPONSE_INFOENTRY']._serialized_end=3665
+  _globals['_RUNTIMESERVICE']._serialized_start=3840
+  _globals['_RUNTIMESERVICE']._serialized_end=4663
 # @@protoc_insertion_point(module_scope)
