@@ -24,6 +24,7 @@ MODELS = {
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
     ("node.k8s.io/v1", "RuntimeClass"): "V1RuntimeClass",
+    ("batch/v1", "Job"): "V1Job",
 }
 
 

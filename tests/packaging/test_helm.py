@@ -62,10 +62,13 @@ def test_lint_has_no_errors() -> None:
 def test_default_render_is_valid_and_complete() -> None:
     objects = render()
     assert_valid(objects)
+    hooks = [o for o in objects if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
+    objects = [o for o in objects if o not in hooks]
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == sorted(
         ["DaemonSet", "DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RuntimeClass", "Service"]
     )
+    assert sorted(o["kind"] for o in hooks) == ["DaemonSet", "Job", "Role", "RoleBinding", "ServiceAccount"]
     for ds in by_kind(objects, "DaemonSet"):
         spec = ds["spec"]
         pod = spec["template"]["spec"]
@@ -155,6 +158,7 @@ def test_toggles() -> None:
         }
     )
     assert_valid(objects)
+    objects = [o for o in objects if "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
     assert [o["kind"] for o in objects] == ["DaemonSet"]
     assert objects[0]["spec"]["template"]["spec"]["serviceAccountName"] == "default"
 
@@ -175,6 +179,9 @@ def test_shipped_manifests_are_valid(path: Path) -> None:
         {"devicePlugin": {"deviceMemoryScaling": 0}},
         {"monitor": {"port": 70000}},
         {"resourceName": "gpu"},
+        {"nodeSetup": {"prefix": "relative/path"}},
+        {"nodeSetup": {"restartContainerd": "yes"}},
+        {"nodeSetup": {"hostRoot": "/"}},
     ],
     ids=lambda v: str(v),
 )
@@ -182,3 +189,121 @@ def test_schema_rejects_bad_values(values: dict[str, Any]) -> None:
     """values.schema.json: a typo in a value fails at install time, not in a crash-looping pod."""
     with pytest.raises(helm.HelmError, match="at '/"):
         render(values)
+
+
+# ---- the node installer (vgpu-node-setup) and the image ---------------------------------------
+
+
+def _build_image_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vgpu_build_image", ROOT / "packaging/image/build.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_default_image_is_what_make_image_tags() -> None:
+    from vgpu import __version__
+
+    build = _build_image_module()
+    tag = f"{build.DEFAULT_REPO}:{__version__}"
+    assert "IMAGE_REPO ?= " + build.DEFAULT_REPO in (ROOT / "Makefile").read_text()
+    objects = render()
+    for ds in by_kind(objects, "DaemonSet") + by_kind(objects, "Job"):
+        pod = ds["spec"]["template"]["spec"]
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            assert c["image"] == tag, (ds["metadata"]["name"], c["name"])
+    built = ROOT / "build" / "image" / f"k8s-vgpu-{__version__}.json"
+    if built.exists():  # the image of `make image` in this tree, when it has been built
+        import json
+
+        assert json.loads(built.read_text())["image"] == tag
+
+
+def test_node_setup_init_container() -> None:
+    objects = render()
+    pod = daemonset(objects, "device-plugin")["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert init["command"] == ["vgpu-node-setup", "install"]
+    assert init["args"] == [
+        "--host-root=/host",
+        "--prefix=/usr/local/vgpu",
+        "--containerd-config=/etc/containerd/config.toml",
+        "--handler=vgpu",
+    ]
+    assert init["securityContext"] == {"privileged": True}
+    [mount] = init["volumeMounts"]
+    vol = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+    assert mount["mountPath"] == "/host" and vol["hostPath"] == {"path": "/", "type": "Directory"}
+    assert "hostPID" not in pod  # only to restart containerd
+    # The daemon container itself stays unprivileged.
+    main = pod["containers"][0]["securityContext"]
+    assert main["capabilities"] == {"drop": ["ALL"]} and main["allowPrivilegeEscalation"] is False
+    assert not [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == mount["name"]]
+
+
+def test_node_setup_values() -> None:
+    objects = render(
+        {
+            "nodeSetup": {
+                "restartContainerd": True,
+                "prefix": "/opt/k8s-vgpu",
+                "containerdConfig": "/etc/k3s/containerd/config.toml",
+                "withoutNvidiaRuntime": True,
+                "extraArgs": ["--python=/usr/bin/python3.11"],
+            },
+            "runtimeClass": {"handler": "vgpu-rt"},
+        }
+    )
+    assert_valid(objects)
+    pod = daemonset(objects, "device-plugin")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    args = pod["initContainers"][0]["args"]
+    for a in ("--prefix=/opt/k8s-vgpu", "--containerd-config=/etc/k3s/containerd/config.toml", "--handler=vgpu-rt",
+              "--without-nvidia-runtime", "--python=/usr/bin/python3.11", "--restart-containerd"):  # fmt: skip
+        assert a in args
+    uninstall = daemonset(objects, "node-uninstall")["spec"]["template"]["spec"]
+    assert uninstall["initContainers"][0]["command"] == ["vgpu-node-setup", "uninstall"]
+    assert uninstall["initContainers"][0]["args"] == args  # the same host paths as install
+    off = render({"nodeSetup": {"enabled": False}})
+    assert "initContainers" not in daemonset(off, "device-plugin")["spec"]["template"]["spec"]
+    assert not [o for o in off if "node-uninstall" in o["metadata"]["name"]]
+
+
+def test_uninstall_hooks() -> None:
+    objects = render()
+    hooks = {
+        f"{o['kind']}/{o['metadata']['name']}": o
+        for o in objects
+        if "helm.sh/hook" in (o["metadata"].get("annotations") or {})
+    }
+    assert all(o["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete" for o in hooks.values())
+    ds = hooks["DaemonSet/k8s-vgpu-node-uninstall"]
+    job = hooks["Job/k8s-vgpu-node-uninstall-wait"]
+    weight = {k: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for k, o in hooks.items()}
+    assert weight["ServiceAccount/k8s-vgpu-node-uninstall"] < weight["DaemonSet/k8s-vgpu-node-uninstall"]
+    assert weight["DaemonSet/k8s-vgpu-node-uninstall"] < weight["Job/k8s-vgpu-node-uninstall-wait"]
+    plugin = daemonset(objects, "device-plugin")["spec"]["template"]["spec"]
+    pod = ds["spec"]["template"]["spec"]
+    # Runs on the nodes the installer ran on.
+    assert pod["nodeSelector"] == plugin["nodeSelector"] and pod["tolerations"] == plugin["tolerations"]
+    assert pod["initContainers"][0]["args"] == plugin["initContainers"][0]["args"]
+    assert pod["volumes"] == [{"name": "host-root", "hostPath": {"path": "/", "type": "Directory"}}]
+    jpod = job["spec"]["template"]["spec"]
+    assert jpod["containers"][0]["command"] == ["vgpu-node-setup", "wait-daemonset"]
+    assert "--name=k8s-vgpu-node-uninstall" in jpod["containers"][0]["args"]
+    [role] = [o for o in hooks.values() if o["kind"] == "Role"]
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["k8s-vgpu-node-uninstall"],
+         "verbs": ["get"]}
+    ]  # fmt: skip
+    assert jpod["serviceAccountName"] == hooks["ServiceAccount/k8s-vgpu-node-uninstall"]["metadata"]["name"]
+
+
+def test_notes_say_how_to_check() -> None:
+    with helm.Chart.load(str(CHART)) as chart:
+        notes = chart.render({}, name="k8s-vgpu", namespace="kube-system")["k8s-vgpu/templates/NOTES.txt"]
+    assert "vgpuctl doctor" in notes and "kubectl -n kube-system exec" in notes
+    assert "vgpuctl doctor --root /host" in notes and "nodeSetup.restartContainerd=true" in notes
