@@ -115,15 +115,15 @@ class Running:
 
 
 @contextmanager
-def running_scheduler(api: KubeAPI, cfg: SchedulerConfig | None = None, **tls: str) -> Iterator[Running]:
-    r = start_scheduler(api, cfg, **tls)
+def running_scheduler(api: KubeAPI, cfg: SchedulerConfig | None = None, **tls: Any) -> Iterator[Running]:
+    r = start_scheduler(api, cfg, True, **tls)
     try:
         yield r
     finally:
         r.stop()
 
 
-def start_scheduler(api: KubeAPI, cfg: SchedulerConfig | None = None, wait: bool = True, **tls: str) -> Running:
+def start_scheduler(api: KubeAPI, cfg: SchedulerConfig | None = None, wait: bool = True, **tls: Any) -> Running:
     cfg = cfg or SchedulerConfig()
     svc = Service(cfg, Kube(api.api_client(), cfg.api_timeout_s))
     srv = make_server(svc, "127.0.0.1", 0, tls.get("cert_file", ""), tls.get("key_file", ""))

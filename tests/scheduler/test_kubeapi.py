@@ -31,13 +31,13 @@ def test_crud_and_conditional_merge_patch(kubeapi: KubeAPI, v1: Any) -> None:
     v1.patch_namespaced_pod("p", "ns", body, _content_type="application/merge-patch+json")
     with pytest.raises(ApiException) as e:
         v1.patch_namespaced_pod("p", "ns", body, _content_type="application/merge-patch+json")
-    assert e.value.status == 409 and "the object has been modified" in e.value.body
+    assert e.value.status == 409 and "the object has been modified" in str(e.value.body)
     v1.patch_namespaced_pod("p", "ns", {"metadata": {"annotations": {"a": None, "b": "2"}}})  # strategic, unconditional
     assert v1.read_namespaced_pod("p", "ns").metadata.annotations == {"b": "2"}
     with pytest.raises(ApiException) as e:
         v1.read_namespaced_pod("p", "other")
     assert e.value.status == 404
-    g = v1.create_namespaced_pod("ns", {"metadata": {"generateName": "gen-"}, "spec": {"containers": []}})
+    g = v1.create_namespaced_pod("ns", {"metadata": {"generateName": "gen-"}, "spec": {"containers": []}})  # type: ignore[arg-type]
     assert g.metadata.name.startswith("gen-") and len(g.metadata.name) == 9
 
 
@@ -53,7 +53,7 @@ def test_binding_selectors_and_delete(kubeapi: KubeAPI, v1: Any) -> None:
     v1.create_namespaced_pod_binding("a", "default", binding, _preload_content=False)
     with pytest.raises(ApiException) as e:
         v1.create_namespaced_pod_binding("a", "default", binding, _preload_content=False)
-    assert e.value.status == 409 and "already assigned" in e.value.body
+    assert e.value.status == 409 and "already assigned" in str(e.value.body)
     names = [p.metadata.name for p in v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1").items]
     assert names == ["a"]
     assert [p.metadata.name for p in v1.list_namespaced_pod("default", field_selector="spec.nodeName!=n1").items] == [
@@ -92,7 +92,7 @@ def test_watch_resumes_and_expires(kubeapi: KubeAPI, v1: Any) -> None:
 
 def test_graceful_pods_and_fault_injection(v1: Any) -> None:
     with KubeAPI(graceful_pods=True) as api:
-        c = client.CoreV1Api(api.api_client())
+        c: Any = client.CoreV1Api(api.api_client())
         c.create_namespaced_pod("default", pod_object("g", [("c", {})]))
         c.delete_namespaced_pod("g", "default")
         assert api.get("pods", "g")["metadata"]["deletionTimestamp"]

@@ -53,7 +53,7 @@ def hook(tls: dict[str, str]) -> Iterator[Running]:
     with KubeAPI() as api:
         api.create("nodes", gpu_node("n1", n=4, mem_gib=80))
         api.create("nodes", gpu_node("n2", n=2, mem_gib=40))
-        with running_scheduler(api, **tls) as s:
+        with running_scheduler(api, None, **tls) as s:
             yield s
 
 

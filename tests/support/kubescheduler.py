@@ -98,7 +98,7 @@ class KubeScheduler:
     ) -> None:
         from kubernetes import client
 
-        self.core = client.CoreV1Api(api_client)
+        self.core: Any = client.CoreV1Api(api_client)  # dict bodies: the client sends them as they are
         # kube-scheduler moves ignorable extenders to the end of the list.
         self.extenders = [e for e in extenders if not e.ignorable] + [e for e in extenders if e.ignorable]
         self.scheduler_name = scheduler_name
@@ -118,7 +118,7 @@ class KubeScheduler:
 
     def _event(self, pod: Obj, reason: str, message: str, etype: str = "Warning") -> None:
         meta = pod["metadata"]
-        body = {
+        body: Obj = {
             "metadata": {"generateName": meta["name"] + ".", "namespace": meta.get("namespace", "default")},
             "involvedObject": {
                 "kind": "Pod",
