@@ -30,6 +30,7 @@ from vgpu_scheduler.snapshot import NodeInfo, NodeView, PodRec, Usage, Use
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+MAX_TOMBSTONES = 20_000
 
 
 def _rv_key(rv: str, provisional: bool = False) -> tuple[int, int]:
@@ -93,6 +94,11 @@ class ClusterState:
                 if rec.uid in self.pods:
                     self._set(rec.uid, None, key)
                 self._tombstones[rec.uid] = key
+                if len(self._tombstones) > MAX_TOMBSTONES:
+                    # A tombstone only has to outlive the late answers of its pod (seconds): the
+                    # oldest half goes (dicts keep insertion order).
+                    for uid in list(self._tombstones)[: MAX_TOMBSTONES // 2]:
+                        del self._tombstones[uid]
                 return
             if tomb is not None and key[0] >= 0 and key <= tomb:
                 return
