@@ -165,11 +165,6 @@ def test_kube_scheduler_image_tag() -> None:
     assert tag.startswith("v1.") and "+" not in tag  # the cluster's version
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vgpu_scheduler/__main__.py makes int fields whose default is 0 or 1 boolean flags "
-    "(`f.default in (True, False)`): --default-gpumem-mib=2048 and --default-gpu-count=N are refused",
-)
 def test_flags_parse_with_the_real_parser() -> None:
     from vgpu_scheduler.__main__ import config_from, parser
 
