@@ -225,3 +225,24 @@ def test_gpu_count_and_memory_percentage_over_http(kubeapi: KubeAPI) -> None:
         ]
         assert {g.memory for g in d.containers[1].gpus} == {20 * GiB}
         assert d.containers[2].gpus[0].memory == 10 * GiB  # the 1/K slice of a 40 GiB GPU, K=4
+
+
+def test_prioritize_scores_by_policy_and_decided_node_gets_10(kubeapi: KubeAPI) -> None:
+    kubeapi.create("nodes", gpu_node("empty", n=1, mem_gib=16))
+    kubeapi.create("nodes", gpu_node("busy", n=1, mem_gib=16))
+    kubeapi.create("nodes", gpu_node("tiny", n=1, mem_gib=1))
+    with running_scheduler(kubeapi) as s:
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
+        kubeapi.create("pods", vgpu_pod("first", mem=8000, annotations={sc.NODE_POLICY_ANNOTATION: "spread"}))
+        first = ks.schedule_one("default", "first").node
+        other = ({"empty", "busy"} - {first}).pop()
+        args = {"Pod": vgpu_pod("probe", mem=4000), "Nodes": None, "NodeNames": [first, other, "tiny"]}
+        pack = {h["Host"]: h["Score"] for h in post(s.url + "/prioritize", args)}
+        assert set(pack) == {first, other, "tiny"} and pack["tiny"] == 0
+        assert 0 < pack[other] < pack[first] <= 10  # binpack: the used node scores higher
+        args["Pod"] = vgpu_pod("probe", mem=4000, annotations={sc.NODE_POLICY_ANNOTATION: "spread"})
+        spread = {h["Host"]: h["Score"] for h in post(s.url + "/prioritize", args)}
+        assert spread[other] > spread[first]
+        decided = kubeapi.get("pods", "first")
+        hp = post(s.url + "/prioritize", {"Pod": decided, "Nodes": None, "NodeNames": [first, other]})
+        assert {h["Host"]: h["Score"] for h in hp}[first] == 10
