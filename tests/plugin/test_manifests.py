@@ -44,6 +44,8 @@ def test_rbac_lets_the_service_account_patch_nodes() -> None:
     assert ds["metadata"]["namespace"] == sa["namespace"]
     rules = docs["ClusterRole"]["rules"]
     assert any("nodes" in r["resources"] and "patch" in r["verbs"] for r in rules)
+    # scheduler decisions: Allocate lists its node's pods and annotates the one it serves
+    assert any("pods" in r["resources"] and {"list", "patch"} <= set(r["verbs"]) for r in rules)
     binding = docs["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
     assert {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]} in binding["subjects"]
