@@ -274,6 +274,10 @@ def venv(cache: Path, builder: Path) -> tuple[Path, str]:
             shutil.rmtree(src, ignore_errors=True)
         # The venv was made at /mnt/out/opt/vgpu: build-venv.sh points it at /opt/vgpu itself.
         (d / ".complete").touch()
+        # Keep the three newest venvs (other checkouts on this machine may use older ones).
+        venvs = sorted(cache.glob("venv-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in venvs[3:]:
+            shutil.rmtree(old, ignore_errors=True)
         return d / "opt" / "vgpu", key
     finally:
         os.close(fd)

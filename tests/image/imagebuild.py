@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "image"
 
 
-def build() -> dict[str, Any]:
+def build(out: Path = OUT) -> dict[str, Any]:
     """Run packaging/image/build.py (what `make image` runs) and return its name=value lines."""
     r = subprocess.run(
-        [sys.executable, str(ROOT / "packaging/image/build.py"), "--out", str(OUT)],
+        [sys.executable, str(ROOT / "packaging/image/build.py"), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=900,

@@ -49,7 +49,7 @@ def _version() -> str:
     return __version__
 
 
-def test_make_image_outputs(image: dict[str, Any]) -> None:
+def test_make_image_outputs(image: dict[str, Any], tmp_path: Path) -> None:
     ver = _version()
     assert image["image"] == f"ghcr.io/k8s-vgpu/k8s-vgpu:{ver}"
     assert image["digest"].startswith("sha256:") and len(image["digest"]) == 71
@@ -75,6 +75,10 @@ def test_make_image_outputs(image: dict[str, Any]) -> None:
     # A rebuild of an unchanged tree is the cache: same digest, nothing rebuilt.
     again = imagebuild.build()
     assert again["digest"] == image["digest"] and again["cached"] == "yes"
+    # Reproducible: the layers and archives written again elsewhere are the same bytes.
+    elsewhere = imagebuild.build(out=tmp_path)
+    assert elsewhere["cached"] == "no" and elsewhere["digest"] == image["digest"]
+    assert (tmp_path / Path(image["oci_archive"]).name).read_bytes() == Path(image["oci_archive"]).read_bytes()
 
 
 def test_image_contents_are_the_dockerfiles(image: dict[str, Any]) -> None:
