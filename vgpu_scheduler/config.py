@@ -10,9 +10,14 @@ from vgpu.scheduling import DEFAULT_STALE_AFTER_S, RESOURCE_GPU
 
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 Policy = Annotated[str, msgspec.Meta(pattern="^(binpack|spread)$")]
+Serve = Annotated[str, msgspec.Meta(pattern="^(all|extender|webhook)$")]
 
 
 class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    def __post_init__(self) -> None:
+        if self.follow_lease and self.leader_elect:
+            raise ValueError("follow_lease and leader_elect exclude each other (one gate for the verbs)")
+
     scheduler_name: str = "vgpu-scheduler"  # the kube-scheduler profile the webhook sends vGPU pods to
     # The webhook replaces an empty or "default-scheduler" schedulerName; any other name is the
     # user's choice and is left alone (HAMi #1162).
@@ -33,7 +38,19 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # A filter whose ExtenderArgs carry full Nodes (nodeCacheCapable: false) decides on the Node
     # objects given; with simulate_full_nodes it writes nothing (cluster-autoscaler's simulations).
     simulate_full_nodes: bool = False
-    # Leader election (coordination.k8s.io/v1 Lease).
+    # What this process serves: "all" (extender verbs + webhook), "extender" (/filter,
+    # /prioritize, /bind) or "webhook" (/webhook only: no pod state, no lease; it keeps only the
+    # Node view that admission sizes are checked against). /healthz and /readyz always.
+    serve: Serve = "all"
+    # Follow mode (what the chart uses): serve filter/bind iff kube-scheduler's own Lease
+    # ("namespace/name", the KubeSchedulerConfiguration's leaderElection.resourceNamespace and
+    # resourceName) is held by the kube-scheduler of this pod and not expired (follow.py).
+    follow_lease: Annotated[str, msgspec.Meta(pattern="^$|^[a-z0-9.-]+/[a-z0-9.-]+$")] = ""
+    follow_hostname: str = ""  # the holder's hostname to match; default: this host's (the pod's) name
+    # Stop serving this long before the followed Lease expires, and wait this long after becoming
+    # the serving one before relisting: in-flight writes of the previous one land first.
+    handover_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+    # Own-lease mode (an extender without a co-located kube-scheduler): coordination.k8s.io/v1 Lease.
     leader_elect: bool = False
     lease_namespace: str = "kube-system"
     lease_name: str = "vgpu-scheduler"

@@ -134,6 +134,12 @@ class Extender:
                 return self._result(full, items, [best.node], failed, unres)
             assert self.kube is not None
             ns, name = _meta(pod).get("namespace") or "default", _meta(pod).get("name") or ""
+            if not self.is_leader():
+                # Checked again just before the write: serving may have ended while this filter
+                # computed, and a decision written now could race the next serving replica's
+                # (docs/scheduler.md, "Failover"). Nothing is written; kube-scheduler retries.
+                self.state.rollback(uid, old, old_key)
+                return ExtenderFilterResult(Error="vgpu-scheduler: not the leader")
             try:
                 answer = self.kube.patch_pod_annotations(
                     ns,

@@ -2,7 +2,8 @@
 
 Routes: POST /filter, /prioritize, /bind (kube-scheduler extender), POST /webhook
 (AdmissionReview v1), GET /healthz (process alive), GET /readyz (state synced; 503 otherwise;
-a follower is ready too: kube-scheduler's own leader election decides who calls).
+a follower is ready too: kube-scheduler's own leader election decides who calls). `--serve`
+limits the POST routes to the extender verbs or to the webhook (others answer 404).
 Bodies are capped (MAX_BODY); a body that does not decode is answered as the verb's result
 with `Error` set (HTTP 200, as kube-scheduler expects), never a traceback.
 """
@@ -30,6 +31,7 @@ from vgpu_scheduler.extender import (
     ExtenderBindingResult,
     ExtenderFilterResult,
 )
+from vgpu_scheduler.follow import LeaseFollower
 from vgpu_scheduler.kube import Kube
 from vgpu_scheduler.leader import LeaderElector
 from vgpu_scheduler.state import ClusterState
@@ -50,8 +52,22 @@ class Service:
         self.cfg = cfg
         self.kube = kube
         self.state = ClusterState(cfg, kube)
-        self.leader: LeaderElector | None = None
-        if cfg.leader_elect:
+        self.leader: LeaderElector | LeaseFollower | None = None
+        if cfg.serve == "webhook":
+            pass  # no verbs: no gate and no pod state (start() watches the Nodes only)
+        elif cfg.follow_lease:
+            assert kube is not None
+            ns, _, name = cfg.follow_lease.partition("/")
+            self.leader = LeaseFollower(
+                kube,
+                ns,
+                name,
+                cfg.follow_hostname,
+                cfg.retry_period_s,
+                cfg.handover_s,
+                on_started=self.state.resync,
+            )
+        elif cfg.leader_elect:
             assert kube is not None
             ident = cfg.identity or f"{socket.gethostname()}-{os.getpid()}"
             self.leader = LeaderElector(
@@ -69,9 +85,15 @@ class Service:
     def is_leader(self) -> bool:
         return self.leader.is_leader() if self.leader is not None else True
 
+    def serves(self, path: str) -> bool:
+        """Whether this process answers `path` (POST verbs) under --serve."""
+        if path == "/webhook":
+            return self.cfg.serve in ("all", "webhook")
+        return self.cfg.serve in ("all", "extender")
+
     def start(self) -> None:
         if self.kube is not None:
-            self.state.start()
+            self.state.start(("nodes",) if self.cfg.serve == "webhook" else ("nodes", "pods"))
         else:
             self.state.ready.set()
         if self.leader is not None:
@@ -123,6 +145,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(n)
         ext = self.service.extender
         path = self.path.rstrip("/")
+        if path in ("/filter", "/prioritize", "/bind", "/webhook") and not self.service.serves(path):
+            # --serve: e.g. the webhook's port is reachable from the cluster network; the extender
+            # verbs (which write decisions and Bindings) do not exist there at all.
+            why = f"{path} is not served here (--serve {self.service.cfg.serve})"
+            self._send(404, json.dumps({"Error": why}).encode())
+            return
         try:
             if path == "/filter":
                 try:

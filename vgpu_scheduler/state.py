@@ -285,16 +285,19 @@ class ClusterState:
                 backoff = min(backoff * 2, 5.0)
 
     _synced_kinds: set[str]
+    _wanted: set[str]
 
     def _synced(self, kind: str) -> None:
         with self.lock:
             self._synced_kinds.add(kind)
-            if self._synced_kinds >= {"pods", "nodes"}:
+            if self._synced_kinds >= self._wanted:
                 self.ready.set()
 
-    def start(self) -> None:
+    def start(self, kinds: tuple[str, ...] = ("nodes", "pods")) -> None:
+        """Watch `kinds`; ready once each is listed (the webhook-only server needs only nodes)."""
         self._synced_kinds = set()
-        for kind in ("nodes", "pods"):
+        self._wanted = set(kinds)
+        for kind in kinds:
             t = threading.Thread(target=self._loop, args=(kind,), name=f"vgpu-watch-{kind}", daemon=True)
             t.start()
             self._threads.append(t)

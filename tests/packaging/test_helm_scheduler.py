@@ -62,6 +62,9 @@ class LeaderElection(msgspec.Struct, forbid_unknown_fields=True):
     resourceLock: str
     resourceName: str
     resourceNamespace: str
+    leaseDuration: str  # metav1.Duration
+    renewDeadline: str
+    retryPeriod: str
 
 
 class Profile(msgspec.Struct, forbid_unknown_fields=True):
@@ -187,16 +190,24 @@ def test_flags_parse_with_the_real_parser() -> None:
     cfg = config_from(ext)
     assert (cfg.scheduler_name, cfg.node_policy, cfg.gpu_policy) == ("my-vgpu", "spread", "binpack")
     assert (cfg.default_gpumem_mib, cfg.default_gpucores, cfg.overwrite_default_scheduler) == (2048, 20, False)
-    assert cfg.leader_elect and cfg.lease_namespace == "gpu-system"
+    # Follow mode: the extender serves while kube-scheduler's own Lease (the one the
+    # KubeSchedulerConfiguration names) is held by this pod's kube-scheduler; no Lease of its own.
+    cm = one(objects, "ConfigMap", "-scheduler")
+    kcfg = msgspec.convert(yaml.safe_load(cm["data"]["config.yaml"]), KubeSchedulerConfiguration)
+    le = kcfg.leaderElection
+    assert not cfg.leader_elect and cfg.serve == "extender"
+    assert cfg.follow_lease == f"{le.resourceNamespace}/{le.resourceName}" and le.resourceNamespace == "gpu-system"
+    # timings consistent: polled every retryPeriod, handover = leaseDuration - renewDeadline
+    assert (le.leaseDuration, le.renewDeadline, le.retryPeriod) == ("15s", "10s", "2s")
+    assert (cfg.retry_period_s, cfg.handover_s) == (2.0, 5.0)
     hook = parser().parse_args(c["vgpu-webhook"]["args"])
     wcfg = config_from(hook)
     assert (wcfg.scheduler_name, wcfg.default_gpumem_mib) == ("my-vgpu", 2048)  # same sizing rules
     assert hook.bind == "0.0.0.0:9443" and hook.cert_file.endswith("tls.crt")
-    # The webhook process never leads (its verbs refuse to write): its Lease is where it cannot write.
-    assert wcfg.leader_elect and wcfg.lease_namespace != "gpu-system"
+    # The webhook process serves /webhook only: no extender verbs on its port, no Lease.
+    assert wcfg.serve == "webhook" and not wcfg.leader_elect and not wcfg.follow_lease
     role = one(objects, "Role", "-scheduler-leases")
     assert role["metadata"]["namespace"] == "gpu-system"
-    cm = one(objects, "ConfigMap", "-scheduler")
     assert yaml.safe_load(cm["data"]["config.yaml"])["profiles"] == [{"schedulerName": "my-vgpu"}]
 
 
@@ -286,7 +297,47 @@ def test_scheduler_rbac() -> None:
     assert rules[(("",), "pods/binding")] == {"create"}
     assert {"list", "watch"} <= rules[(("",), "nodes")]
     leases = one(objects, "Role", "-scheduler-leases")
-    assert leases["rules"][0]["resources"] == ["leases"] and "create" in leases["rules"][0]["verbs"]
+    assert leases["rules"][0] == {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}
+    # get/list/watch (the extender follows it) and update (kube-scheduler renews it): that Lease only
+    [named] = leases["rules"][1:]
+    lease = yaml.safe_load(one(objects, "ConfigMap", "-scheduler")["data"]["config.yaml"])["leaderElection"]
+    assert named["resourceNames"] == [lease["resourceName"]]
+    assert {"get", "list", "watch", "update"} <= set(named["verbs"])
+
+
+def test_replicas_and_lease_timings() -> None:
+    from tests.packaging.test_helm import helm
+    from vgpu_scheduler.__main__ import config_from, parser
+
+    dep = one(render(ON), "Deployment", "-scheduler")
+    assert dep["spec"]["replicas"] == 2  # safe: one serving extender, the leading kube-scheduler's
+    objects = render(
+        {
+            "scheduler": {
+                "enabled": True,
+                "leaseDurationSeconds": 30,
+                "renewDeadlineSeconds": 20,
+                "retryPeriodSeconds": 4,
+            }
+        }
+    )
+    cm = one(objects, "ConfigMap", "-scheduler")
+    le = yaml.safe_load(cm["data"]["config.yaml"])["leaderElection"]
+    assert (le["leaseDuration"], le["renewDeadline"], le["retryPeriod"]) == ("30s", "20s", "4s")
+    cfg = config_from(
+        parser().parse_args(containers(one(objects, "Deployment", "-scheduler"))["vgpu-scheduler"]["args"])
+    )
+    assert (cfg.retry_period_s, cfg.handover_s) == (4.0, 10.0)
+    # one replica without election: the extender always serves (no Lease to follow)
+    objects = render({"scheduler": {"enabled": True, "replicas": 1, "leaderElect": False}})
+    cfg = config_from(
+        parser().parse_args(containers(one(objects, "Deployment", "-scheduler"))["vgpu-scheduler"]["args"])
+    )
+    assert not cfg.follow_lease and not cfg.leader_elect
+    with pytest.raises(helm.HelmError, match="needs scheduler.leaderElect"):
+        render({"scheduler": {"enabled": True, "replicas": 2, "leaderElect": False}})
+    with pytest.raises(helm.HelmError, match="retryPeriodSeconds < renewDeadlineSeconds"):
+        render({"scheduler": {"enabled": True, "renewDeadlineSeconds": 15}})
 
 
 @pytest.mark.parametrize(
@@ -296,6 +347,7 @@ def test_scheduler_rbac() -> None:
         {"scheduler": {"webhook": {"failurePolicy": "Maybe"}}},
         {"scheduler": {"defaultGpucores": 101}},
         {"scheduler": {"replicas": 0}},
+        {"scheduler": {"retryPeriodSeconds": 0}},
         {"scheduler": {"httpTimeout": "30"}},
     ],
     ids=lambda v: json.dumps(v),

@@ -32,3 +32,8 @@
 - --{{ if not .Values.scheduler.overwriteDefaultScheduler }}no-{{ end }}overwrite-default-scheduler
 - --log-level={{ .Values.scheduler.logLevel }}
 {{- end -}}
+
+{{/* kube-scheduler's Lease (KubeSchedulerConfiguration leaderElection.resourceName), followed by the extender. */}}
+{{- define "k8s-vgpu.scheduler.lease" -}}
+{{- printf "%s-kube-scheduler" (include "k8s-vgpu.scheduler.fullname" .) -}}
+{{- end -}}
