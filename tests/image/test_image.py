@@ -3,11 +3,13 @@ daemons run from it through containerd's CRI API as the chart's DaemonSets descr
 
 Debian's containerd is started by the test with a node shape of the simulated NVIDIA toolkit
 (tests/fakegpu stand-in runtime as the `nvidia` handler); the image is imported with `ctr images
-import`; the device-plugin and monitor containers are created from the Helm chart's rendered
-DaemonSets (command, args, env, volumes, securityContext, runtimeClassName, hostPID): every
-hostPath is rebased under a temp dir, so the CRI run cannot drift from the chart.  The device
-plugin registers with the kubelet stand-in on the host, lists the vGPUs and allocates one; the
-monitor serves /metrics, scraped over HTTP.
+import`; the device-plugin pod (its node-installer init container first) and the monitor pod
+are created from the Helm chart's rendered DaemonSets (command, args, env, volumes,
+securityContext, runtimeClassName, hostPID): every hostPath is rebased under a temp dir (the
+installer's `/` onto an overlay of a debootstrap'd Debian root), so the CRI run cannot drift from
+the chart.  The installer exits 0 having wired that root; the device plugin registers with the
+kubelet stand-in on the host, lists the vGPUs and allocates one; the monitor serves /metrics,
+scraped over HTTP.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pytest
 from tests.hook import ctrd, ociimage
 from tests.hook import support as hooksupport
 from tests.image import imagebuild
+from tests.packaging import pkgbuild
 
 pytestmark = [
     pytest.mark.root,
@@ -154,8 +157,12 @@ class Node:
         self.dir, self.c, self.rt, self.gpu, self.objects, self.port = d, c, rt, gpu, objects, port
         self.host = d / "host"
 
+        self.host_root: Path | None = None  # the stand-in for the host's whole `/` (the installer's volume)
+
     def rebase(self, host_path: str) -> Path:
         """The test's stand-in for a host path."""
+        if host_path == "/" and self.host_root is not None:
+            return self.host_root
         return self.host / host_path.lstrip("/")
 
 
@@ -175,7 +182,9 @@ def node(image: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Ite
         pytest.fail("build/fakegpu/nvidia-container-runtime missing: run `make build-all`")
     d = tmp_path_factory.mktemp("image-cri")
     port = _free_port()
-    objects = render({"monitor": {"port": port}})
+    # A node without NVIDIA's runtime in the installer's host root (the stand-in is the test
+    # containerd's): the installer gets --without-nvidia-runtime.
+    objects = render({"monitor": {"port": port}, "nodeSetup": {"withoutNvidiaRuntime": True}})
     gpu = FakeGPU(d / "gpu", ROOT / "build", gpus=1, memory=16 * GIB)
     c = ctrd.Containerd(d)
     c.snapshotter = "overlayfs" if ctrd.overlay_works(d) else "native"
@@ -230,19 +239,22 @@ def _pod(node: Node, ds: dict[str, Any]) -> tuple[str, Any]:
             )
         ),
     )
+    # kubelet makes the sandbox privileged when one of the pod's containers is.
+    every = spec.get("initContainers", []) + spec["containers"]
+    sb.linux.security_context.privileged = any(c.get("securityContext", {}).get("privileged") for c in every)
     handler = spec.get("runtimeClassName") or ""
     pod = node.rt.RunPodSandbox(cri.RunPodSandboxRequest(config=sb, runtime_handler=handler)).pod_sandbox_id
     return pod, sb
 
 
-def _container(node: Node, ds: dict[str, Any], pod: str, sb: Any, extra_env: dict[str, str]) -> str:
-    """The DaemonSet's first container as kubelet would create it (volumes rebased under the temp dir)."""
+def _container(node: Node, ds: dict[str, Any], pod: str, sb: Any, extra_env: dict[str, str], init: bool = False) -> str:
+    """The DaemonSet's container (or init container) as kubelet would create it (volumes rebased)."""
     from google.protobuf import wrappers_pb2  # noqa: F401  (int64 wrappers live in the CRI message)
 
     from tests.hook.cri import api_pb2 as cri
 
     spec = ds["spec"]["template"]["spec"]
-    [ctr] = spec["containers"]
+    [ctr] = spec["initContainers" if init else "containers"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = []
     for vm in ctr["volumeMounts"]:
@@ -264,16 +276,18 @@ def _container(node: Node, ds: dict[str, Any], pod: str, sb: Any, extra_env: dic
     caps = sc.get("capabilities", {})
     security = cri.LinuxContainerSecurityContext(
         capabilities=cri.Capability(add_capabilities=caps.get("add", []), drop_capabilities=caps.get("drop", [])),
-        run_as_user=cri.Int64Value(value=sc["runAsUser"]),
-        readonly_rootfs=sc["readOnlyRootFilesystem"],
-        no_new_privs=not sc["allowPrivilegeEscalation"],
+        privileged=bool(sc.get("privileged")),
+        readonly_rootfs=bool(sc.get("readOnlyRootFilesystem")),
+        no_new_privs=not sc.get("allowPrivilegeEscalation", True),
         namespace_options=sb.linux.security_context.namespace_options,
     )
+    if "runAsUser" in sc:
+        security.run_as_user.value = sc["runAsUser"]
     cfg = cri.ContainerConfig(
         metadata=cri.ContainerMetadata(name=ctr["name"]),
         image=cri.ImageSpec(image=ctr["image"]),
         command=ctr["command"],
-        args=ctr["args"],
+        args=ctr.get("args", []),
         envs=envs,
         mounts=mounts,
         log_path=f"{ctr['name']}.log",
@@ -300,9 +314,7 @@ def _stop(node: Node, pod: str) -> None:
     node.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod))
 
 
-def test_device_plugin_and_monitor_run_from_the_image_through_cri(node: Node) -> None:
-    from tests.support.kubelet import FakeKubelet
-
+def test_installer_and_daemons_run_from_the_image_through_cri(node: Node) -> None:
     plugin_ds = _daemonset(node.objects, "-device-plugin")
     monitor_ds = _daemonset(node.objects, "-monitor")
     assert plugin_ds["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"  # the `nvidia` handler
@@ -312,38 +324,69 @@ def test_device_plugin_and_monitor_run_from_the_image_through_cri(node: Node) ->
     host_kubelet = node.rebase(kubelet_dir)
     host_kubelet.mkdir(parents=True, exist_ok=True)
     pods: list[str] = []
-    try:
-        with FakeKubelet(host_kubelet) as kubelet:
+    with pkgbuild.scratch_root(pkgbuild.debian_root()) as host_root:
+        node.host_root = host_root
+        try:
             pod, sb = _pod(node, plugin_ds)
             pods.append(pod)
-            cid = _container(node, plugin_ds, pod, sb, {})
-            try:
-                ep = kubelet.wait_endpoint("nvidia.com/gpu", timeout=90)
-            except Exception:
-                raise AssertionError(f"device plugin did not register:\n{_logs(node, cid)[-3000:]}") from None
-            ep.wait_devices(lambda dv: len(dv) == 2, timeout=60)  # the chart's deviceSplitCount 2
-            assert all(dv.healthy for dv in ep.devices().values())
-            alloc = kubelet.admit("default", "cuda", "main", count=1)
-            token = alloc.envs["VGPU_ALLOCATION_TOKEN"]
-            record = json.loads((node.rebase(state_dir) / "allocations" / f"{token}.json").read_text())
-            assert record["gpus"][0]["uuid"] == node.gpu.uuids[0] and record["gpus"][0]["memory_limit"] == 8 * GIB
+            # kubelet runs the init container to completion first: the node installer, privileged,
+            # with the host's / (here a debootstrap'd Debian 12 root with containerd) at /host.
+            icid = _container(node, plugin_ds, pod, sb, {}, init=True)
+            st = _wait_exit(node, icid)
+            assert st.exit_code == 0, _logs(node, icid)[-3000:]
+            assert "hook runs with the host's /usr/bin/python3" in _logs(node, icid)
+            assert (host_root / "usr/local/vgpu/lib/libvgpu.so").is_file()
+            assert "runtimes.vgpu" in (host_root / "etc/containerd/config.toml").read_text()
+            _run_daemons(node, plugin_ds, monitor_ds, pod, sb, kubelet_dir, state_dir, pods)
+        finally:
+            node.host_root = None
+            for p in pods:
+                _stop(node, p)
+            shutil.rmtree(node.host, ignore_errors=True)
 
-            mpod, msb = _pod(node, monitor_ds)
-            pods.append(mpod)
-            mcid = _container(node, monitor_ds, mpod, msb, {})
-            deadline = time.monotonic() + 90
-            text = ""
-            while time.monotonic() < deadline:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{node.port}/metrics", timeout=5) as r:
-                        text = r.read().decode()
-                    if "vgpu_gpu_up" in text:
-                        break
-                except OSError:
-                    pass
-                time.sleep(0.5)
-            assert f'vgpu_gpu_up{{gpu="0",uuid="{node.gpu.uuids[0]}"}} 1.0' in text, _logs(node, mcid)[-3000:]
-    finally:
-        for p in pods:
-            _stop(node, p)
-        shutil.rmtree(node.host, ignore_errors=True)
+
+def _wait_exit(node: Node, cid: str, timeout: float = 120) -> Any:
+    from tests.hook.cri import api_pb2 as cri
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = node.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid)).status
+        if st.state == cri.CONTAINER_EXITED:
+            return st
+        time.sleep(0.2)
+    raise AssertionError(f"container {cid} did not exit: {_logs(node, cid)[-2000:]}")
+
+
+def _run_daemons(node: Node, plugin_ds: dict[str, Any], monitor_ds: dict[str, Any], pod: str, sb: Any,
+                 kubelet_dir: str, state_dir: str, pods: list[str]) -> None:  # fmt: skip
+    from tests.support.kubelet import FakeKubelet
+
+    host_kubelet = node.rebase(kubelet_dir)
+    with FakeKubelet(host_kubelet) as kubelet:
+        cid = _container(node, plugin_ds, pod, sb, {})
+        try:
+            ep = kubelet.wait_endpoint("nvidia.com/gpu", timeout=90)
+        except Exception:
+            raise AssertionError(f"device plugin did not register:\n{_logs(node, cid)[-3000:]}") from None
+        ep.wait_devices(lambda dv: len(dv) == 2, timeout=60)  # the chart's deviceSplitCount 2
+        assert all(dv.healthy for dv in ep.devices().values())
+        alloc = kubelet.admit("default", "cuda", "main", count=1)
+        token = alloc.envs["VGPU_ALLOCATION_TOKEN"]
+        record = json.loads((node.rebase(state_dir) / "allocations" / f"{token}.json").read_text())
+        assert record["gpus"][0]["uuid"] == node.gpu.uuids[0] and record["gpus"][0]["memory_limit"] == 8 * GIB
+
+        mpod, msb = _pod(node, monitor_ds)
+        pods.append(mpod)
+        mcid = _container(node, monitor_ds, mpod, msb, {})
+        deadline = time.monotonic() + 90
+        text = ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{node.port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                if "vgpu_gpu_up" in text:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert f'vgpu_gpu_up{{gpu="0",uuid="{node.gpu.uuids[0]}"}} 1.0' in text, _logs(node, mcid)[-3000:]
