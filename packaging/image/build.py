@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     docker_path = out / f"k8s-vgpu-{ver}.docker.tar"
     info_path = out / f"k8s-vgpu-{ver}.json"
 
+    # One build per output directory at a time (`make image` and a test session may overlap).
+    out_lock = os.open(out / ".build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(out_lock, fcntl.LOCK_EX)
     base, _base_key = base_layer(cache, epoch)
     builder = builder_root(cache)
     venv_dir, venv_key = venv(cache, builder)
