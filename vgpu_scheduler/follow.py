@@ -67,6 +67,7 @@ class LeaseFollower:
         on_started: Callable[[], None] = lambda: None,
         on_stopped: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        pause: Callable[[float], bool] | None = None,
     ) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.hostname = hostname or socket.gethostname()
@@ -76,6 +77,7 @@ class LeaseFollower:
         self._serving = threading.Event()
         self._until = 0.0  # wall-clock time after which we stop serving unless a renewal is seen
         self._stop = threading.Event()
+        self._pause = pause or self._stop.wait  # the handover wait; True: stopped meanwhile
         self._lock = threading.Lock()
         self.transitions = 0
         self._thread: threading.Thread | None = None
@@ -126,7 +128,7 @@ class LeaseFollower:
         if self._serving.is_set():
             return
         # Becoming the serving one: let the previous one's last writes land, then relist.
-        if self._stop.wait(self.handover_s):
+        if self._pause(self.handover_s):
             return
         try:
             until = self.observe()

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -107,3 +108,69 @@ def test_process_serves_filter_and_stops_on_sigterm(kubeapi: KubeAPI, tmp_path: 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _start(kc: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "serving on" in line, line + (proc.stderr.read() if proc.stderr else "")
+    return proc, "http://" + line.split("serving on ")[1].strip()
+
+
+def _post(url: str, body: object) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_chart_modes_as_processes(kubeapi: KubeAPI, tmp_path: Path) -> None:
+    """The extender follows a Lease held by `<this host>_<uuid>` (its own hostname by default, as
+    kube-scheduler's in the same pod); the webhook-only process answers no extender verb."""
+    import socket
+    import time
+    import uuid
+
+    from vgpu_scheduler.kube import micro_time
+
+    kubeapi.create("nodes", gpu_node("n1"))
+    pod = kubeapi.create("pods", vgpu_pod("p", mem=4096))
+    kc = kubeapi.write_kubeconfig(tmp_path / "kubeconfig")
+    spec = {
+        "holderIdentity": f"{socket.gethostname()}_{uuid.uuid4()}",
+        "leaseDurationSeconds": 60,
+        "renewTime": micro_time(time.time()),
+    }
+    kubeapi.create(
+        "leases", {"metadata": {"name": "ks", "namespace": "gpu"}, "spec": spec}, "gpu", "coordination.k8s.io/v1"
+    )
+    ext, ext_url = _start(kc, "--serve=extender", "--follow-lease=gpu/ks", "--retry-period-s=0.05", "--handover-s=0.1")
+    hook, hook_url = _start(kc, "--serve=webhook")
+    try:
+        args = {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]}
+
+        def served() -> bool:
+            return _post(ext_url + "/filter", args)[1].get("NodeNames") == ["n1"]
+
+        wait_for(served, 20, "the follower serves")
+        assert decision_of(kubeapi, "p") is not None
+        code, out = _post(hook_url + "/filter", args)
+        assert code == 404 and "not served here" in str(out["Error"])
+        assert _post(ext_url + "/webhook", {})[0] == 404
+        for p in (ext, hook):
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(15) == 0
+    finally:
+        for p in (ext, hook):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
