@@ -167,6 +167,13 @@ class Extender:
                 self.state.rollback(uid, old, old_key)
                 return ExtenderFilterResult(Error=f"vgpu-scheduler: writing the decision of {ns}/{name}: {e}")
             self.state.apply_pod(answer)
+            if not self.is_leader():
+                # Serving ended while the write was in flight: it may have landed after the next
+                # serving replica relisted, so it must not be bound. Withdraw it (conditional on
+                # the version just written: nothing newer is undone) and let kube-scheduler retry
+                # there. Had it landed while we still served, the next one's relist has it.
+                self._withdraw(ns, name, answer)
+                return ExtenderFilterResult(Error="vgpu-scheduler: not the leader (lost it while writing)")
             log.info("filter %s/%s: node %s", ns, name, best.node)
             return self._result(full, items, [best.node], failed, unres)
         return ExtenderFilterResult(Error=f"vgpu-scheduler: pod kept changing ({self.cfg.conflict_retries} conflicts)")
@@ -312,6 +319,19 @@ class Extender:
             return str((self.kube.get_pod(ns, name).get("spec") or {}).get("nodeName") or "")
         except APIFailure:
             return "?"
+
+    def _withdraw(self, ns: str, name: str, written: Obj) -> None:
+        """Remove a decision this replica wrote, iff the pod is still at the version written."""
+        assert self.kube is not None
+        try:
+            answer = self.kube.patch_pod_annotations(
+                ns, name, {sc.DECISION_ANNOTATION: None}, _meta(written).get("resourceVersion")
+            )
+            self.state.apply_pod(answer)
+        except APIFailure as e:
+            # Changed since (another replica decided again) or unreachable: a pod left Pending
+            # with this decision only holds its GPUs (never more) until it is filtered again.
+            log.info("withdrawing the decision of %s/%s: %s", ns, name, e)
 
     def _release(self, ns: str, name: str) -> None:
         """Remove the decision of a pod whose Binding failed: its GPUs are free for the next filter."""

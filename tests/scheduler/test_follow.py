@@ -32,6 +32,7 @@ from tests.scheduler.helpers import (
 )
 from tests.support.kubeapi import KubeAPI, pod_object
 from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
+from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.follow import LeaseFollower, holder_host, parse_micro_time
 from vgpu_scheduler.kube import Kube, micro_time
@@ -361,5 +362,50 @@ def test_config_rejects_two_gates() -> None:
         config_from(parser().parse_args(["--leader-elect", "--follow-lease=kube-system/x"]))
     with pytest.raises(msgspec.ValidationError):
         config_from(parser().parse_args(["--serve=everything"]))
+    with pytest.raises(msgspec.ValidationError, match="handover_s > retry_period_s"):
+        config_from(parser().parse_args(["--follow-lease=kube-system/x", "--handover-s=1", "--retry-period-s=2"]))
     cfg = config_from(parser().parse_args(["--serve=webhook"]))
     assert cfg.serve == "webhook"
+
+
+def test_lead_lost_while_the_decision_is_written_is_withdrawn(kubeapi: KubeAPI) -> None:
+    """The failover window on the old replica: its gate passed, then serving ended during the write."""
+    kubeapi.create("nodes", gpu_node("n1", n=1, mem_gib=16, split=4))
+    kubeapi.create("pods", vgpu_pod("p", mem=8000))
+    kubeapi.create("pods", vgpu_pod("q", mem=8000))
+    r = start_scheduler(kubeapi)
+    try:
+        ext = r.service.extender
+        serving = [True]
+        ext.is_leader = lambda: serving[0]
+        assert ext.kube is not None
+        real = ext.kube.patch_pod_annotations
+        calls: list[dict[str, Any]] = []
+
+        def patch(ns: str, name: str, ann: dict[str, str | None], rv: str | None) -> dict[str, Any]:
+            out = real(ns, name, ann, rv)
+            calls.append(ann)
+            serving[0] = False  # the Lease moved on while this write was in flight
+            return out
+
+        ext.kube.patch_pod_annotations = patch  # type: ignore[method-assign,assignment]
+        args = {"Pod": kubeapi.get("pods", "p"), "Nodes": None, "NodeNames": ["n1"]}
+        out = post(r.url + "/filter", args)[1]
+        assert out["Error"] == "vgpu-scheduler: not the leader (lost it while writing)"
+        assert len(calls) == 2 and calls[1] == {sc.DECISION_ANNOTATION: None}  # the decision, then its withdrawal
+        assert decision_of(kubeapi, "p") is None  # nothing left that could be bound
+        wait_for(lambda: state_usage(r.service) == {} == api_usage(kubeapi), what="nothing held")
+        # lost after the request's first check, before the write: nothing is written at all
+        n = len(calls)
+        asked: list[int] = []
+
+        def first_only() -> bool:  # serving at the request's first check, not at the write
+            asked.append(1)
+            return len(asked) == 1
+
+        ext.is_leader = first_only
+        out = post(r.url + "/filter", {"Pod": kubeapi.get("pods", "q"), "Nodes": None, "NodeNames": ["n1"]})[1]
+        assert out["Error"] == "vgpu-scheduler: not the leader" and len(calls) == n and len(asked) == 2
+        assert decision_of(kubeapi, "q") is None and state_usage(r.service) == {}
+    finally:
+        r.stop()
