@@ -311,6 +311,15 @@ def test_replicas_and_lease_timings() -> None:
 
     dep = one(render(ON), "Deployment", "-scheduler")
     assert dep["spec"]["replicas"] == 2  # safe: one serving extender, the leading kube-scheduler's
+    [term] = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    mine = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    dep = one(render({"scheduler": {"enabled": True, "affinity": mine}}), "Deployment", "-scheduler")
+    assert dep["spec"]["template"]["spec"]["affinity"] == mine  # the user's affinity replaces ours
     objects = render(
         {
             "scheduler": {
@@ -330,11 +339,12 @@ def test_replicas_and_lease_timings() -> None:
     assert (cfg.retry_period_s, cfg.handover_s) == (4.0, 10.0)
     # one replica without election: the extender always serves (no Lease to follow)
     objects = render({"scheduler": {"enabled": True, "replicas": 1, "leaderElect": False}})
+    assert "affinity" not in one(objects, "Deployment", "-scheduler")["spec"]["template"]["spec"]
     cfg = config_from(
         parser().parse_args(containers(one(objects, "Deployment", "-scheduler"))["vgpu-scheduler"]["args"])
     )
     assert not cfg.follow_lease and not cfg.leader_elect
-    with pytest.raises(helm.HelmError, match="needs scheduler.leaderElect"):
+    with pytest.raises(helm.HelmError, match=r"needs scheduler\.leaderElect"):
         render({"scheduler": {"enabled": True, "replicas": 2, "leaderElect": False}})
     with pytest.raises(helm.HelmError, match="retryPeriodSeconds < renewDeadlineSeconds"):
         render({"scheduler": {"enabled": True, "renewDeadlineSeconds": 15}})
