@@ -317,7 +317,9 @@ def test_replicas_and_lease_timings() -> None:
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
-    mine = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    mine: dict[str, Any] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+    }
     dep = one(render({"scheduler": {"enabled": True, "affinity": mine}}), "Deployment", "-scheduler")
     assert dep["spec"]["template"]["spec"]["affinity"] == mine  # the user's affinity replaces ours
     objects = render(
