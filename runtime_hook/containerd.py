@@ -284,13 +284,42 @@ def _runtimes_v2(doc: Any) -> Any:
     return _table(cri, "containerd")
 
 
-def edit_v2(text: str, handler: str, table: dict[str, Any], make_default: bool) -> str:
-    """containerd 1.x config (version 2): set runtimes.<handler>, optionally the default."""
+def implicit_handlers(facts: nodetype.NodeFacts, handler: str) -> dict[str, dict[str, Any]]:
+    """The handlers a 1.x config file gets from containerd's built-in defaults only.
+
+    containerd 1.x decodes `runtimes` as a whole map: a file that defines any runtime replaces
+    the built-in map, i.e. the implicit `runc` (Debian's shipped config.toml has no runtimes
+    section).  Adding ours alone would leave the default runtime undefined and the CRI plugin
+    would refuse to load ("no corresponding runtime configured in containerd.runtimes for
+    default_runtime_name"), so such a file gets explicit copies of what the effective config had
+    (from `config dump`), or containerd's default runc table where no dump was possible.
+    """
+    out = {h.name: json.loads(json.dumps(h.table)) for h in facts.handlers if h.name != handler and h.table}
+    if not out:
+        out["runc"] = {"runtime_type": "io.containerd.runc.v2"}
+    return out
+
+
+def edit_v2(
+    text: str,
+    handler: str,
+    table: dict[str, Any],
+    make_default: bool,
+    implicit: dict[str, dict[str, Any]] | None = None,
+) -> str:
+    """containerd 1.x config (version 2): set runtimes.<handler>, optionally the default.
+
+    `implicit`: handlers to write explicitly when the file has no runtimes table yet
+    (`implicit_handlers`)."""
     doc = tomlkit.parse(text)
     if doc.get("version", 1) not in (2,):
         raise InstallError(f"containerd 1.x config version {doc.get('version', 1)} unsupported (need version = 2)")
     ctd = _runtimes_v2(doc)
+    had_runtimes = "runtimes" in ctd
     runtimes = _table(ctd, "runtimes")
+    if not had_runtimes:
+        for name, t in (implicit or {}).items():
+            runtimes[name] = _to_toml(t, f"added by {MARK}: containerd's built-in handler, kept explicit")
     runtimes[handler] = _to_toml(table, f"added by {MARK}: OCI hooks for vGPU containers")
     if make_default:
         ctd["default_runtime_name"] = handler
@@ -524,6 +553,12 @@ def plan_install(args: argparse.Namespace, cfg: Any) -> tuple[Plan, dict[str, An
         target = _target_v2(facts)
         text = _read(root, target)
         start = text if text is not None else _default_config_text(root, facts)
+        rec = prev_files.get(target)
+        if rec and text is not None and _sha(text) == rec.get("installed_sha256"):
+            # Unchanged since our last install: start again from what was there before it, so
+            # a re-install is byte-identical (tomlkit lays out an edited table differently).
+            orig = rec.get("original")
+            start = orig if isinstance(orig, str) else _default_config_text(root, facts)
         try:
             ctd = tomlkit.parse(start).get("plugins", {}).get(V2_CRI, {}).get("containerd", {})
         except Exception as e:
@@ -531,7 +566,7 @@ def plan_install(args: argparse.Namespace, cfg: Any) -> tuple[Plan, dict[str, An
         prev_default = prev.get("previous_default") if prev else ctd.get("default_runtime_name")
         if prev_default == args.handler:
             prev_default = "runc"
-        plan.files[target] = edit_v2(start, args.handler, table, args.default)
+        plan.files[target] = edit_v2(start, args.handler, table, args.default, implicit_handlers(facts, args.handler))
         state["previous_default"] = prev_default
         state["target"] = target
         edited.append(target)

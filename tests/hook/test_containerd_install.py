@@ -328,3 +328,39 @@ def test_detect_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     facts = json.loads(capsys.readouterr().out)
     assert facts["node_type"] == "N2" and facts["nvidia_handler"] == "nvidia"
     assert facts["legacy_binary"] == "/usr/local/nvidia/toolkit/nvidia-container-runtime.legacy"
+
+
+DEBIAN_SHIPPED = """version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/var/lib/containerd/opt"
+"""  # /etc/containerd/config.toml of Debian 12's containerd 1.6.20 package: no runtimes section
+
+
+@pytest.mark.parametrize("dump", [True, False] if HAVE_CONTAINERD else [False])
+def test_v1_file_without_runtimes_keeps_the_implicit_runc(tmp_path: Path, spec_src: Path, dump: bool) -> None:
+    """containerd 1.x replaces its built-in `runtimes` map with a file's: adding `vgpu` alone to a
+    config that relied on the implicit `runc` would leave the default runtime undefined (the CRI
+    plugin then refuses to load).  Install writes the effective handlers explicitly too."""
+    conf = tmp_path / "config.toml"
+    conf.write_text(DEBIAN_SHIPPED)
+    common = ["--containerd-config", str(conf), "--base-spec-source", str(spec_src), NO_NV]
+    if not dump:
+        common += ["--containerd-bin", str(tmp_path / "no-containerd")]
+    assert _run(tmp_path, "install", *common) == 0
+    first = conf.read_text()
+    runtimes = tomlkit.parse(first)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    assert set(runtimes) == {"runc", "vgpu"}
+    assert runtimes["runc"]["runtime_type"] == "io.containerd.runc.v2"
+    if HAVE_CONTAINERD:  # what containerd itself makes of the file
+        eff = _dump(str(conf))["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]  # type: ignore[index]
+        assert eff["default_runtime_name"] == "runc" and {"runc", "vgpu"} <= set(eff["runtimes"])
+    assert _run(tmp_path, "install", *common) == 0
+    assert conf.read_text() == first  # idempotent: the second run sees the explicit runc
+    assert _run(tmp_path, "uninstall", "--containerd-config", str(conf)) == 0
+    assert conf.read_text() == DEBIAN_SHIPPED
