@@ -149,6 +149,44 @@ def _containerd_snapshot(opts: Options) -> dict[str, bytes]:
     return out
 
 
+def check_default_runtime(opts: Options) -> str | None:
+    """What the host's containerd would refuse in the config now on disk, or None.
+
+    Guards the node: containerd's CRI plugin does not load when `default_runtime_name` names no
+    runtime (e.g. a config that relied on the built-in `runc` once `runtimes` gets a table), and
+    a node without CRI loses every pod.  Checked with the host's own `containerd config dump`
+    (chrooted when the host root is not /); skipped when the host has no containerd binary.
+    """
+    import tomlkit
+
+    root = Path(opts.host_root)
+    exe = next((p for p in ("/usr/bin/containerd", "/usr/local/bin/containerd") if _host(opts, p).exists()), None)
+    if exe is None:
+        return None
+    cmd = [exe, "--config", opts.containerd_config, "config", "dump"]
+    if root.resolve() != Path("/"):
+        cmd = ["chroot", str(root), *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        return f"`containerd config dump` fails on the new config: {r.stderr.strip()[-300:]}"
+    try:
+        doc = tomlkit.parse(r.stdout).unwrap()
+    except Exception as e:
+        return f"cannot parse `containerd config dump`: {e}"
+    plugins = doc.get("plugins", {})
+    ctd = (plugins.get("io.containerd.grpc.v1.cri") or plugins.get("io.containerd.cri.v1.runtime") or {}).get(
+        "containerd", {}
+    )
+    default = ctd.get("default_runtime_name") or "runc"
+    if default not in (ctd.get("runtimes") or {}):
+        return (
+            f"the new containerd config has no runtime `{default}` (default_runtime_name): containerd's CRI "
+            f"plugin would not load; on this node run `containerd config default > {opts.containerd_config}` "
+            "(keeping your settings) and install again"
+        )
+    return None
+
+
 def restart_containerd(opts: Options) -> None:
     """The host's `systemctl restart containerd` (as NVIDIA's toolkit container does in its systemd mode).
 
@@ -218,6 +256,10 @@ def install(opts: Options) -> list[str]:
 
     before = _containerd_snapshot(opts)
     out = _run_containerd(opts, "install", python)
+    problem = check_default_runtime(opts)
+    if problem:
+        _run_containerd(opts, "uninstall", python)  # leave containerd's config as it was
+        raise SetupError(problem)
     containerd_changed = _containerd_snapshot(opts) != before
     manifest = Manifest(
         version=__version__,

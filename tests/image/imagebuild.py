@@ -78,3 +78,11 @@ def image_files(info: dict[str, Any]) -> dict[str, tarfile.TarInfo]:
                 for m in lt:
                     out[m.name] = m
     return out
+
+
+def default_config(root: Path) -> str:
+    """`containerd config default` of the root's own containerd (the config most nodes have)."""
+    return subprocess.run(
+        ["chroot", str(root), "containerd", "config", "default"], capture_output=True, text=True, check=True,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    ).stdout  # fmt: skip
