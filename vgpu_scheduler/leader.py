@@ -1,5 +1,8 @@
 """Lease-based leader election (coordination.k8s.io/v1), as client-go's leaderelection does it.
 
+Own-lease mode (`--leader-elect`), for an extender without a kube-scheduler in its pod; the
+chart follows kube-scheduler's own Lease instead (follow.py: one election, so one leader pod).
+
 A candidate takes the Lease when it is free or its holder has not renewed it for
 leaseDurationSeconds as observed on this replica's own clock (no cross-machine clock
 comparison); writes are replaces conditioned on the Lease's resourceVersion, so two
