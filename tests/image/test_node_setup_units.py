@@ -105,3 +105,8 @@ def test_wait_daemonset() -> None:
     api = _Api([(3, 0, 0), (3, 2, 3), (3, 3, 3)])
     assert waitds.wait("ns", "ds", timeout=10, interval=0, api=api) and api.calls == 3
     assert not waitds.wait("ns", "ds", timeout=0, interval=0, api=_Api([(2, 1, 2)]))
+
+
+def test_restart_needs_systemd_on_the_host(tmp_path: Path) -> None:
+    with pytest.raises(setup.SetupError, match="does not run systemd; restart containerd yourself"):
+        setup.restart_containerd(setup.Options(host_root=str(tmp_path), restart_containerd=True))
