@@ -61,7 +61,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # A clean copy of the project's source: setuptools builds in-tree.
 src=$(mktemp -d); trap 'rm -rf "$src"' EXIT
 cp "$ROOT/pyproject.toml" "$ROOT/README.md" "$src/"
-for pkg in vgpu runtime_hook device_plugin monitor node_setup; do
+for pkg in vgpu runtime_hook device_plugin monitor node_setup vgpu_scheduler; do
   cp -r "$ROOT/$pkg" "$src/$pkg"
 done
 find "$src" -name __pycache__ -prune -exec rm -rf {} +

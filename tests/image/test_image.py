@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 from tests.hook import ctrd, ociimage
 from tests.hook import support as hooksupport
@@ -42,7 +43,10 @@ pytestmark = [
 ]
 
 ROOT = imagebuild.ROOT
-ENTRY_POINTS = ("vgpu-device-plugin", "vgpu-monitor", "vgpuctl", "vgpu-hook", "vgpu-node-setup")
+# Every console script the project declares (pyproject [project.scripts]) must run in the image.
+ENTRY_POINTS = tuple(
+    tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+)
 GIB = 1 << 30
 LIB = "/usr/lib/x86_64-linux-gnu"  # where NVIDIA's runtime puts the driver libraries in a container
 
