@@ -22,8 +22,6 @@ from vgpu import scheduling as sc
 
 log = logging.getLogger(__name__)
 
-TERMINATED = ("Succeeded", "Failed")
-
 
 @dataclass(frozen=True, slots=True)
 class GPU:
@@ -155,30 +153,16 @@ def pod_rec(pod: dict[str, Any]) -> PodRec:
 
 
 def decision_usage(d: sc.Decision) -> dict[str, Use]:
-    """A decision's effective usage per GPU UUID: max(any init container, sum of app containers)."""
-    apps: dict[str, Use] = {}
-    inits: dict[str, Use] = {}
-    for c in d.containers:
-        for g in c.gpus:
-            if c.init:
-                u = inits.setdefault(g.uuid, Use())
-                u.memory, u.cores, u.slots = max(u.memory, g.memory), max(u.cores, g.cores), max(u.slots, 1)
-            else:
-                apps.setdefault(g.uuid, Use()).add(Use(g.memory, g.cores, 1))
-    out: dict[str, Use] = {}
-    for uuid in apps.keys() | inits.keys():
-        a, i = apps.get(uuid, Use()), inits.get(uuid, Use())
-        out[uuid] = Use(max(a.memory, i.memory), max(a.cores, i.cores), max(a.slots, i.slots))
-    return out
+    """A decision's effective usage per GPU UUID: max(any init container, sum of app containers).
+
+    The rule lives once, in vgpu.scheduling.decision_usage (vgpuctl cluster reads the same)."""
+    return {uuid: Use(u.memory, u.cores, u.slots) for uuid, u in sc.decision_usage(d).items()}
 
 
 def counts(p: PodRec) -> str:
-    """The node a pod's decision holds GPUs on, or "" when it holds none."""
-    if p.decision is None or p.phase in TERMINATED:
-        return ""
-    if p.node and p.node != p.decision.node:
-        return ""  # bound elsewhere by someone else: the decision was never honoured
-    return p.decision.node
+    """The node a pod's decision holds GPUs on, or "" when it holds none (vgpu.scheduling.holding_node:
+    terminated pods release, terminating ones keep, a pod bound elsewhere never used the GPUs)."""
+    return sc.holding_node(p.decision, p.phase, p.node)
 
 
 Usage = dict[str, dict[str, Use]]  # node -> GPU UUID -> used
