@@ -45,7 +45,11 @@ MIRROR = os.environ.get("VGPU_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE_PACKAGES = ("python3", "libstdc++6")  # grpcio's extension links libstdc++
 BUILDER_PACKAGES = ("python3-venv", "binutils")
 VENV_SOURCES = ("pyproject.toml", "README.md", "packaging/build-venv.sh", "packaging/requirements.lock")
-VENV_PACKAGES = ("vgpu", "runtime_hook", "device_plugin", "monitor", "node_setup")
+# The project's packages that go into the venv: the ones packaging/build-venv.sh copies (its
+# `for pkg in ...` line is the one list; the deb/rpm build uses it too).
+VENV_PACKAGES = tuple(
+    re.search(r"^for pkg in ([a-z_ ]+); do$", (HERE.parent / "build-venv.sh").read_text(), re.M).group(1).split()  # type: ignore[union-attr]
+)
 # Left out of the base root: docs (but not the copyright files), man pages, locales, caches.
 DPKG_EXCLUDES = (
     "path-exclude=/usr/share/doc/*",
