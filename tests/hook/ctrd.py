@@ -23,6 +23,24 @@ from typing import Any
 import tomlkit
 
 IMAGE = "docker.io/library/vgpu-hook-test:latest"
+HAVE_CONTAINERD = shutil.which("containerd") is not None
+
+# An operator's containerd 1.x config (comments, a pinned sandbox image, an explicit runc handler
+# with SystemdCgroup): what detection and install must read, edit in place and restore.
+V1_CONFIG = """# my node's containerd config
+version = 2
+root = "/var/lib/containerd"
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.9"   # pinned by ops
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = true
+"""
 
 
 def available() -> str | None:

@@ -16,20 +16,7 @@ from tests.hook import ctrd
 
 pytestmark = pytest.mark.timeout(120)
 
-V1_CONFIG = """# my node's containerd config
-version = 2
-root = "/var/lib/containerd"
-
-[plugins]
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "registry.k8s.io/pause:3.9"   # pinned by ops
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      default_runtime_name = "runc"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = true
-"""
+V1_CONFIG = ctrd.V1_CONFIG
 
 V3_CONFIG = """version = 3
 # containerd 2 config
@@ -181,7 +168,7 @@ def test_installed_spec_never_matches_the_filter_patterns(tmp_path: Path, spec_s
 
 # ---- installs on the node shapes the NVIDIA toolkit leaves (tests/hook/ctrd.make_shape) -------------
 
-HAVE_CONTAINERD = shutil.which("containerd") is not None
+HAVE_CONTAINERD = ctrd.HAVE_CONTAINERD
 
 
 def _shape(kind: str, tmp: Path, mode: str) -> tuple[ctrd.Shape, list[str]]:

@@ -14,22 +14,9 @@ from tests.hook import ctrd
 
 pytestmark = pytest.mark.timeout(120)
 
-BASE = """# my node's containerd config
-version = 2
-root = "/var/lib/containerd"
+BASE = ctrd.V1_CONFIG
 
-[plugins]
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "registry.k8s.io/pause:3.9"   # pinned by ops
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      default_runtime_name = "runc"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = true
-"""
-
-HAVE_CONTAINERD = shutil.which("containerd") is not None
+HAVE_CONTAINERD = ctrd.HAVE_CONTAINERD
 
 
 def _modes() -> list[str]:
