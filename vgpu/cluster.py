@@ -63,16 +63,6 @@ class ClusterView(msgspec.Struct, kw_only=True):
     pending: int = 0  # pods with a decision, not yet bound
 
 
-def _allocatable(node: dict[str, Any], resource: str) -> int:
-    text = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
-    if text is None:
-        return -1
-    try:
-        return int(str(text))
-    except ValueError:
-        return 0
-
-
 def view(
     nodes: list[dict[str, Any]],
     pods: list[dict[str, Any]],
@@ -90,7 +80,7 @@ def view(
         text = (meta.get("annotations") or {}).get(sc.INVENTORY_ANNOTATION)
         if text is None:
             continue
-        row = NodeRow(name=name, allocatable=_allocatable(n, resource))
+        row = NodeRow(name=name, allocatable=sc.node_allocatable(n, resource))
         rows[name] = row
         try:
             inv = sc.decode_inventory(text)
@@ -99,10 +89,7 @@ def view(
             continue
         row.split_count = inv.split_count
         row.heartbeat_age_s = round(now - inv.heartbeat, 1)
-        if row.allocatable == 0:
-            row.problem = "device plugin not registered (allocatable vGPU resource is 0)"
-        elif now - inv.heartbeat > stale_after_s:
-            row.problem = f"inventory stale (heartbeat {now - inv.heartbeat:.0f} s old)"
+        row.problem = sc.offer_problem(inv, row.allocatable, now, stale_after_s)
         for g in sorted(inv.gpus, key=lambda g: g.index):
             gr = GPURow(
                 uuid=g.uuid,

@@ -10,7 +10,7 @@ the cluster's vGPU usage: the scheduler rebuilds all of its accounting from them
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -221,3 +221,28 @@ def holding_node(d: Decision | None, phase: str, bound_node: str) -> str:
     if bound_node and bound_node != d.node:
         return ""
     return d.node
+
+
+# --- whether a node offers its GPUs (pure; the scheduler's filter and vgpuctl cluster) ----------
+
+
+def node_allocatable(node: dict[str, Any], resource: str = RESOURCE_GPU) -> int:
+    """The Node's allocatable vGPU count: -1 when it does not list the resource, 0 when unparsable."""
+    text = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    if text is None:
+        return -1
+    try:
+        return int(str(text))
+    except ValueError:
+        return 0
+
+
+def offer_problem(inv: NodeInventory, allocatable: int, now: float, stale_after_s: float) -> str:
+    """Why a node with a valid inventory offers no GPUs now, "" when it offers them: its device
+    plugin deregistered (allocatable 0) or stopped refreshing the inventory (heartbeat too old)."""
+    if allocatable == 0:
+        return "device plugin not registered (allocatable vGPU resource is 0)"
+    age = now - inv.heartbeat
+    if age > stale_after_s:
+        return f"inventory stale (heartbeat {age:.0f} s old > {stale_after_s:.0f} s)"
+    return ""

@@ -82,11 +82,7 @@ def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo
             inv = sc.decode_inventory(text)
         except sc.ContractError as e:
             err = f"invalid inventory: {e}"
-    alloc_text = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
-    try:
-        alloc = int(str(alloc_text)) if alloc_text is not None else -1
-    except ValueError:
-        alloc = 0
+    alloc = sc.node_allocatable(node, resource)
     gpus: tuple[GPU, ...] = ()
     if inv is not None:
         gpus = tuple(
@@ -102,11 +98,9 @@ def node_view(info: NodeInfo, now: float, stale_after_s: float) -> NodeView:
     inv = info.inventory
     if inv is None:
         return NodeView(info.name, problem=info.error)
-    if info.allocatable == 0:
-        return NodeView(info.name, problem="device plugin not registered (allocatable vGPU resource is 0)")
-    age = now - inv.heartbeat
-    if age > stale_after_s:
-        return NodeView(info.name, problem=f"vGPU inventory stale (heartbeat {age:.0f} s old > {stale_after_s:.0f} s)")
+    problem = sc.offer_problem(inv, info.allocatable, now, stale_after_s)
+    if problem:
+        return NodeView(info.name, problem=problem)
     gpus = info.gpus
     if not gpus:
         return NodeView(info.name, problem="inventory lists no GPUs", heartbeat=inv.heartbeat)
