@@ -298,3 +298,17 @@ def make_shape(
     drop["plugins"] = plugins
     s.write(s.hp("/etc/containerd/conf.d/99-nvidia.toml"), tomlkit.dumps(drop))
     return s
+
+
+def wait_exit(rt: Any, cid: str, timeout: float = 60, describe: Any = None) -> Any:
+    """The CRI status of container `cid` once it has exited (polled through RuntimeService `rt`);
+    AssertionError after `timeout` s, with `describe()` (e.g. its logs) in the message."""
+    from tests.hook.cri import api_pb2 as cri
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid)).status
+        if st.state == cri.CONTAINER_EXITED:
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"container {cid} did not exit" + (f": {describe()}" if describe else ""))

@@ -109,33 +109,32 @@ def _sandbox_config(env: Env, name: str) -> Any:
     )
 
 
-def _run(env: Env, pod: str, sb: Any, name: str, script: str, token_env: str | None, token_ann: str | None) -> Any:
-    envs = [cri.KeyValue(key="PATH", value="/bin")]
-    ann = {}
-    if token_env:
-        envs.append(cri.KeyValue(key="VGPU_ALLOCATION_TOKEN", value=token_env))
-        envs.append(cri.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value=support.UUID_A))
-    if token_ann:
-        ann["vgpu.k8s.io/allocation-token"] = token_ann
+def _create(env: Any, pod: str, sb: Any, name: str, script: str, envs: dict[str, str], ann: dict[str, str]) -> Any:
+    """CreateContainer of the test image running `sh -c script` with these env and annotations."""
     cfg = cri.ContainerConfig(
         metadata=cri.ContainerMetadata(name=name),
         image=cri.ImageSpec(image=ctrd.IMAGE),
         command=["sh", "-c", script],
-        envs=envs,
+        envs=[cri.KeyValue(key=k, value=v) for k, v in envs.items()],
         annotations=ann,
         log_path=f"{name}.log",
     )
     return env.rt.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id=pod, config=cfg, sandbox_config=sb))
 
 
+def _run(env: Env, pod: str, sb: Any, name: str, script: str, token_env: str | None, token_ann: str | None) -> Any:
+    envs = {"PATH": "/bin"}
+    ann = {}
+    if token_env:
+        envs["VGPU_ALLOCATION_TOKEN"] = token_env
+        envs["NVIDIA_VISIBLE_DEVICES"] = support.UUID_A
+    if token_ann:
+        ann["vgpu.k8s.io/allocation-token"] = token_ann
+    return _create(env, pod, sb, name, script, envs, ann)
+
+
 def _wait_exit(env: Env, cid: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = env.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid)).status
-        if st.state == cri.CONTAINER_EXITED:
-            return st
-        time.sleep(0.1)
-    raise AssertionError(f"container {cid} did not exit")
+    return ctrd.wait_exit(env.rt, cid, timeout)
 
 
 def _wait_log(path: str, last: str, timeout: float = 60) -> list[str]:
@@ -308,24 +307,16 @@ def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 
 def _run_gpu(env: ShapeEnv, pod: str, sb: Any, name: str, script: str, token: str | None) -> Any:
-    envs = [cri.KeyValue(key="PATH", value="/bin"), cri.KeyValue(key="LD_LIBRARY_PATH", value=LIB64)]  # as CUDA images
+    envs = {"PATH": "/bin", "LD_LIBRARY_PATH": LIB64}  # as CUDA images
     ann = {}
     if token:
-        envs.append(cri.KeyValue(key="VGPU_ALLOCATION_TOKEN", value=token))
+        envs["VGPU_ALLOCATION_TOKEN"] = token
         ann["vgpu.k8s.io/allocation-token"] = token
         if env.cdi:  # as NVIDIA's plugin names devices with cdi-annotations
             ann["cdi.k8s.io/vgpu-device-plugin_" + token] = f"nvidia.com/gpu={env.gpu.uuids[0]}"
         else:  # the envvar strategy
-            envs.append(cri.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value=env.gpu.uuids[0]))
-    cfg = cri.ContainerConfig(
-        metadata=cri.ContainerMetadata(name=name),
-        image=cri.ImageSpec(image=ctrd.IMAGE),
-        command=["sh", "-c", script],
-        envs=envs,
-        annotations=ann,
-        log_path=f"{name}.log",
-    )
-    return env.rt.CreateContainer(cri.CreateContainerRequest(pod_sandbox_id=pod, config=cfg, sandbox_config=sb))
+            envs["NVIDIA_VISIBLE_DEVICES"] = env.gpu.uuids[0]
+    return _create(env, pod, sb, name, script, envs, ann)
 
 
 def test_shape_vgpu_container_through_the_nvidia_runtime(shape_env: ShapeEnv) -> None:

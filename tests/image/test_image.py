@@ -354,15 +354,7 @@ def test_installer_and_daemons_run_from_the_image_through_cri(node: Node) -> Non
 
 
 def _wait_exit(node: Node, cid: str, timeout: float = 120) -> Any:
-    from tests.hook.cri import api_pb2 as cri
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = node.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid)).status
-        if st.state == cri.CONTAINER_EXITED:
-            return st
-        time.sleep(0.2)
-    raise AssertionError(f"container {cid} did not exit: {_logs(node, cid)[-2000:]}")
+    return ctrd.wait_exit(node.rt, cid, timeout, describe=lambda: _logs(node, cid)[-2000:])
 
 
 def _run_daemons(node: Node, plugin_ds: dict[str, Any], monitor_ds: dict[str, Any], pod: str, sb: Any,
