@@ -59,6 +59,14 @@ class ExtenderError(Exception):
     pass
 
 
+def _extender_args(ext: ExtenderConfig, pod: Obj, nodes: list[Obj]) -> Obj:
+    """ExtenderArgs as kube-scheduler sends them: node names only to a nodeCacheCapable extender,
+    whole Node objects otherwise."""
+    if ext.node_cache_capable:
+        return {"Pod": pod, "Nodes": None, "NodeNames": [n["metadata"]["name"] for n in nodes]}
+    return {"Pod": pod, "Nodes": {"kind": "NodeList", "apiVersion": "v1", "items": nodes}, "NodeNames": None}
+
+
 def _post(ext: ExtenderConfig, verb: str, body: Any) -> Any:
     url = ext.url_prefix.rstrip("/") + "/" + verb
     data = json.dumps(body).encode()
@@ -143,14 +151,7 @@ class KubeScheduler:
         for ext in self.extenders:
             if not ext.filter_verb or not interested(ext, pod) or not feasible:
                 continue
-            names = [n["metadata"]["name"] for n in feasible]
-            args: Obj = {"Pod": pod, "Nodes": None, "NodeNames": names}
-            if not ext.node_cache_capable:
-                args = {
-                    "Pod": pod,
-                    "Nodes": {"kind": "NodeList", "apiVersion": "v1", "items": feasible},
-                    "NodeNames": None,
-                }
+            args = _extender_args(ext, pod, feasible)
             res.calls.append("filter")
             try:
                 out = _post(ext, ext.filter_verb, args)
@@ -186,14 +187,7 @@ class KubeScheduler:
         for ext in self.extenders:
             if not ext.prioritize_verb or not interested(ext, pod):
                 continue
-            names = list(scores)
-            args = {"Pod": pod, "Nodes": None, "NodeNames": names}
-            if not ext.node_cache_capable:
-                args = {
-                    "Pod": pod,
-                    "Nodes": {"kind": "NodeList", "apiVersion": "v1", "items": feasible},
-                    "NodeNames": None,
-                }
+            args = _extender_args(ext, pod, feasible)
             res.calls.append("prioritize")
             try:
                 out = _post(ext, ext.prioritize_verb, args)
