@@ -27,6 +27,7 @@ class Collector:
         self.grace_s = grace_s
         self.dead_since: dict[str, float] = {}
         self.removed = 0
+        self.failing: set[str] = set()  # logged once; the daemon counts every failed round
 
     def gone(self, c: Container, has_processes: bool, now: float) -> bool:
         """Update the death clock of `c`; True once it has been dead for the grace period."""
@@ -52,8 +53,11 @@ class Collector:
         try:
             shutil.rmtree(c.dir)
         except OSError as e:
-            log.warning(kv("cannot remove state of a gone container", container=c.id, error=e))
+            if c.id not in self.failing:
+                self.failing.add(c.id)
+                log.warning(kv("cannot remove state of a gone container; retrying", container=c.id, error=e))
             return False
+        self.failing.discard(c.id)
         self.dead_since.pop(c.id, None)
         self.removed += 1
         log.info(kv("removed state of a gone container", container=c.id))

@@ -47,6 +47,12 @@ NVML_HANG_S = 2.0
 BACKSTOP_INTERVAL_S = 0.5
 STALE_HOLD_S = 1.0
 
+# Every kind of `vgpu_monitor_errors_total` the loop counts (docs/monitor.md, "Error kinds"), created
+# at 0 when the monitor starts: a kind that first appears with a count already above 0 is invisible
+# to Prometheus's increase()/rate(), which need a previous sample.  (`nvml_call`, the NVML reader's
+# own count, is added by monitor/metrics.py.)
+ERROR_KINDS = ("actuate", "gc", "loop", "nvml", "nvml_hang", "region_write", "status")
+
 
 def write_status_file(path: str, snap: dict[str, Any], errors: Counter[str]) -> None:
     import msgspec
@@ -222,7 +228,8 @@ class Monitor:
         self.rng = random.Random()
         self.period = cfg.period_ms / 1000.0
         self.duty_period = cfg.duty_period_ms / 1000.0
-        self.errors: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter(dict.fromkeys(ERROR_KINDS, 0))
+        self.sample_holds = 0  # times the duties were held for stale samples: normal (an idle GPU), not an error
         self.loop_seconds = 0.0
         self.loop_hist: Any = None  # set by metrics
         self.snapshot: dict[str, Any] = {}
@@ -242,6 +249,8 @@ class Monitor:
         n = self.suspender.start()
         if n:
             log.warning(kv("resumed processes left suspended by a previous monitor", resumed=n))
+        # metrics from the first scrape on (error kinds at 0, the guardian state), before the first loop
+        self.snapshot = self.build_snapshot(time.monotonic())
 
     def close(self) -> None:
         self.suspender.close()
@@ -400,10 +409,11 @@ class Monitor:
             # No fresh samples: NVML stalled for a moment, or the GPU went idle.  Hold the
             # duties for a little while rather than act on old data; past that, carry on
             # (the old use ages out and the duties of idle containers climb back to 1).
+            # Not an error: every job that finishes or pauses makes its GPU go quiet.
             if g.stale_since is None:
                 g.stale_since = now
+                self.sample_holds += 1
             if now - g.stale_since < STALE_HOLD_S:
-                self.errors["stale_samples"] += 1
                 return
         else:
             g.stale_since = None
@@ -536,6 +546,8 @@ class Monitor:
                     self.containers.pop(c.id, None)
                     self.registry.containers.pop(c.id, None)
                     self.backstop.forget(c.id)
+                else:  # retried every round; counted every round, so a stuck directory keeps alerting
+                    self.errors["gc"] += 1
 
     # -- status ------------------------------------------------------------
     def build_snapshot(self, now: float, running: bool = True) -> dict[str, Any]:
@@ -564,6 +576,19 @@ class Monitor:
                         "backstop_actions": dict(acts),
                     }
                 )
+            # Containers allocated on this GPU with no process on it (not started yet, between
+            # jobs, or done): their series stay, used 0, for as long as the allocation exists.
+            allocated = []
+            for c in sorted(self.containers.values(), key=lambda x: x.id):
+                if c.id in g.members or c.memory_limit(g.uuid) is None:
+                    continue
+                allocated.append(
+                    {
+                        **c.labels(),
+                        "memory_limit": c.memory_limit(g.uuid),
+                        "share": c.share(g.uuid),
+                    }
+                )
             gpus.append(
                 {
                     "index": g.index,
@@ -575,6 +600,7 @@ class Monitor:
                     "memory_used": o.memory_used if o and g.up else 0,
                     "util": o.util if o and g.up else 0,
                     "containers": rows,
+                    "allocated": allocated,
                 }
             )
         containers = []
@@ -603,6 +629,7 @@ class Monitor:
             "metrics_port": self.metrics_port,
             "loop_seconds": self.loop_seconds,
             "errors": dict(self.errors),
+            "sample_holds": self.sample_holds,
             "nvml_errors": getattr(self.source, "errors", 0),
             "suspended_processes": len(self.suspender.stopped),
             "guardian_armed": self.suspender.armed,

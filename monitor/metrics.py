@@ -7,18 +7,23 @@ touches live monitor state.  Names:
 per GPU (labels gpu, uuid):
   vgpu_gpu_up, vgpu_gpu_memory_total_bytes, vgpu_gpu_memory_used_bytes,
   vgpu_gpu_utilization_percent
-per container and GPU (labels container_id, namespace, pod, container, gpu, uuid):
+per container and GPU (labels container_id, namespace, pod, container, gpu, uuid), for every GPU the
+container is allocated on (used 0 while it has no process there) or has a process on:
   vgpu_container_memory_used_bytes, vgpu_container_memory_limit_bytes,
   vgpu_container_sm_use_percent, vgpu_container_sm_share_percent,
   vgpu_container_duty_ratio
 per container (labels container_id, namespace, pod, container):
   vgpu_container_suspended (0/1), vgpu_container_suspended_seconds_total,
   vgpu_container_suspensions_total, vgpu_container_backstop_actions_total{action},
-  vgpu_container_region_corrupt (0/1), vgpu_container_region_corrupt_total
+  vgpu_container_region_corrupt (0/1), vgpu_container_region_corruptions_total
 the monitor:
-  vgpu_monitor_loop_duration_seconds (histogram), vgpu_monitor_errors_total{kind},
-  vgpu_monitor_suspended_processes, vgpu_monitor_guardian_armed,
-  vgpu_monitor_gc_removed_total
+  vgpu_monitor_loop_duration_seconds (histogram), vgpu_monitor_errors_total{kind} (every kind
+  from start-up, at 0), vgpu_monitor_sample_holds_total, vgpu_monitor_suspended_processes,
+  vgpu_monitor_guardian_armed, vgpu_monitor_gc_removed_total
+
+Every family name is unique, suffixes included, so the exposition is valid in the Prometheus text
+format and in OpenMetrics (which Prometheus asks for first, and which forbids two families of one
+name: a gauge `x` next to a counter `x` with its `x_total` sample is rejected or mistyped).
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ class SnapshotCollector:
             mt.add_metric(lv, g["memory_total"])
             mu.add_metric(lv, g["memory_used"])
             ut.add_metric(lv, g["util"])
-            for r in g["containers"]:
+            # with processes on the GPU: measured; allocated but idle: used 0, runs the whole cycle
+            idle = [{**r, "memory_used": 0, "sm_use": 0.0, "duty": 1.0} for r in g.get("allocated", ())]
+            for r in [*g["containers"], *idle]:
                 v = [r["container_id"], r["namespace"], r["pod"], r["container"], *lv]
                 cmu.add_metric(v, r["memory_used"])
                 if r["memory_limit"] is not None:
@@ -79,7 +86,9 @@ class SnapshotCollector:
             "vgpu_container_backstop_actions", "memory backstop actions", labels=[*CLABELS, "action"]
         )
         rc = GaugeMetricFamily("vgpu_container_region_corrupt", "1 while the region fails validation", labels=CLABELS)
-        rct = CounterMetricFamily("vgpu_container_region_corrupt", "corrupt region reports", labels=CLABELS)
+        rct = CounterMetricFamily(
+            "vgpu_container_region_corruptions", "times the region was found corrupt (per reason)", labels=CLABELS
+        )
         for c in snap["containers"]:
             v = [c["container_id"], c["namespace"], c["pod"], c["container"]]
             sus.add_metric(v, 1.0 if c["suspended"] else 0.0)
@@ -89,8 +98,7 @@ class SnapshotCollector:
                 bs.add_metric([*v, action], c["backstop_actions"].get(action, 0))
             rc.add_metric(v, 1.0 if c["region_error"] else 0.0)
             rct.add_metric(v, c["region_corrupt_total"])
-        yield from (sus, sec, cnt, bs, rc)
-        yield rct
+        yield from (sus, sec, cnt, bs, rc, rct)
 
         err = CounterMetricFamily("vgpu_monitor_errors", "monitor errors by kind", labels=["kind"])
         errors = dict(snap["errors"])
@@ -98,6 +106,11 @@ class SnapshotCollector:
         for kind, n in sorted(errors.items()):
             err.add_metric([kind], n)
         yield err
+        yield CounterMetricFamily(
+            "vgpu_monitor_sample_holds",
+            "times the duties were held because NVML had no new samples (an idle GPU): not an error",
+            value=snap.get("sample_holds", 0),
+        )
         yield GaugeMetricFamily(
             "vgpu_monitor_suspended_processes", "processes suspended now", value=snap["suspended_processes"]
         )

@@ -4,59 +4,17 @@ guardian, metrics over HTTP, the status file and vgpuctl, cleanup, GPU loss."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from monitor.daemon import Monitor
-from monitor.metrics import serve
 from tests.monitor.helpers import Procs, ScriptedSource, make_container, state, wait_for
 from vgpu import ctl
-from vgpu.config import MonitorConfig
-from vgpu.paths import Paths
 
 pytestmark = pytest.mark.timeout(90)
 U0 = "GPU-00000000-0000-0000-0000-00000000000a"
 GIB = 1 << 30
-
-
-class Running:
-    def __init__(self, mon: Monitor, port: int) -> None:
-        self.mon = mon
-        self.port = port
-
-    def scrape(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
-            return r.read().decode()
-
-
-@pytest.fixture
-def run_monitor(tmp_path: Path, procs: Procs) -> Iterator:
-    started: list[tuple[Monitor, threading.Thread]] = []
-
-    def start(source: ScriptedSource, **cfg) -> Running:
-        mon = Monitor(MonitorConfig(**cfg), Paths(str(tmp_path / "state")), source=source)
-        mon.start()
-        assert mon.suspender.guardian is not None
-        procs.adopt(mon.suspender.guardian.pid)
-        port = serve(mon, "127.0.0.1", 0)
-        mon.metrics_port = port
-        t = threading.Thread(target=mon.run, daemon=True)
-        t.start()
-        started.append((mon, t))
-        return Running(mon, port)
-
-    try:
-        yield start
-    finally:
-        for mon, t in started:
-            mon.stop()
-            t.join(10)
-            mon.close()
 
 
 def _metric(text: str, name: str, **labels: str) -> float | None:

@@ -109,6 +109,7 @@ def test_deb_contents(packages: pkgbuild.Packages) -> None:
         "/usr/lib/systemd/system/vgpu-monitor.service",
         "/usr/share/vgpu/helm/k8s-vgpu/Chart.yaml",
         "/usr/share/vgpu/grafana/k8s-vgpu-dashboard.json",
+        "/usr/share/vgpu/prometheus/k8s-vgpu-rules.yaml",
         "/usr/share/doc/k8s-vgpu/copyright",
         "/opt/vgpu/pyvenv.cfg",
     ):
