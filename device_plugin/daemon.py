@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from device_plugin import decision, inventory, podresources, records, strategy
+from device_plugin import checkpoint, decision, inventory, records, strategy
 from device_plugin.devices import DeviceTable, Slicing
 from device_plugin.health import HealthMonitor
 from device_plugin.registration import RegistrationError, register
@@ -37,6 +38,27 @@ _LIVENESS_S = 5.0
 _REGISTER_RETRY_S = 2.0
 
 
+def notify_ready() -> None:
+    """sd_notify("READY=1") when systemd started us as a Type=notify unit (NOTIFY_SOCKET set).
+
+    The package's unit is `Type=notify` and `Before=kubelet.service`: at boot the kubelet is
+    started only once the plugin serves, so the plugin registers within milliseconds of the
+    kubelet's registration socket, before the kubelet re-admits the node's pods (a pod whose
+    containers need a healthy vGPU then is rejected while no plugin has listed its devices).
+    """
+    addr = os.environ.get("NOTIFY_SOCKET", "")
+    if not addr.startswith(("/", "@")):
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]  # abstract namespace
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(b"READY=1")
+    except OSError as e:
+        log.warning(kv("cannot notify systemd", socket=addr, error=e))
+
+
 @dataclass(frozen=True)
 class PluginPaths:
     kubelet_dir: str
@@ -55,8 +77,8 @@ class PluginPaths:
         return os.path.join(self.device_plugins_dir, self.socket_name)
 
     @property
-    def pod_resources_socket(self) -> str:
-        return os.path.join(self.kubelet_dir, "pod-resources", KUBELET_SOCKET)
+    def checkpoint(self) -> str:
+        return checkpoint.default_path(self.kubelet_dir)
 
 
 class Daemon:
@@ -87,7 +109,7 @@ class Daemon:
         self.server: PluginServer | None = None
         self.registered = False
         self.restarts = 0
-        self._podres_warned = False
+        self._checkpoint_warned = False
         self._register_failed = False
 
     # --- supervisor -----------------------------------------------------------
@@ -179,8 +201,11 @@ class Daemon:
             if self.health is not None:
                 self.health.start()
             housekeeping.start()
+            notified = False
             if self._serve():
                 self._register()
+                notify_ready()
+                notified = True
             last_live = last_try = time.monotonic()
             while not self.stop_event.is_set():
                 kubelet_new = watcher.wait(_TICK_S)
@@ -200,6 +225,9 @@ class Daemon:
                         self.restart("serving failed earlier")
                     else:
                         self._register()
+                if not notified and self.server is not None:
+                    notify_ready()
+                    notified = True
                 if now - last_live >= _LIVENESS_S:
                     last_live = now
                     if self.server is not None and not self.server.alive():
@@ -218,15 +246,19 @@ class Daemon:
     # --- housekeeping -----------------------------------------------------------
     def gc_once(self) -> list[str]:
         try:
-            in_use = podresources.assigned_ids(self.where.pod_resources_socket, self.cfg.resource_name)
-        except podresources.PodResourcesUnavailable as e:
-            if not self._podres_warned:
-                log.warning("PodResources API unavailable, keeping allocation records: %s", e)
-                self._podres_warned = True
+            replayable = checkpoint.replayable_tokens(self.where.checkpoint, self.cfg.resource_name)
+        except checkpoint.CheckpointUnusable as e:
+            # Without it nothing tells which records the kubelet may still replay: keep them all.
+            if not self._checkpoint_warned:
+                log.warning("kubelet device checkpoint unusable, keeping allocation records: %s", e)
+                self._checkpoint_warned = True
             return []
-        deleted = self.collector.collect(in_use)
+        if self._checkpoint_warned:
+            log.warning("kubelet device checkpoint readable again, collecting allocation records")
+            self._checkpoint_warned = False
+        deleted = self.collector.collect(replayable)
         for tok in deleted:
-            log.info(kv("allocation record removed", token=tok[:8] + "…", reason="devices no longer assigned"))
+            log.info(kv("allocation record removed", token=tok[:8] + "…", reason="kubelet no longer keeps it"))
         return deleted
 
     def _housekeeping(self) -> None:

@@ -1,9 +1,10 @@
 """Allocation records (contract 1): writing, listing and garbage collection.
 
-A record lives at `<state_dir>/allocations/<token>.json` from Allocate until
-the kubelet no longer assigns its vGPUs to any container (PodResources), plus
-a grace period. Records survive plugin restarts: they are files, and the
-in-memory bookkeeping here only delays deletions.
+A record lives at `<state_dir>/allocations/<token>.json` from Allocate for as long as the kubelet
+may hand its token to a container again: while its Allocate answer is in the kubelet's device
+manager checkpoint (device_plugin/checkpoint.py says why that, and nothing else, tells), plus a
+grace period. Records survive plugin restarts: they are files, and the in-memory bookkeeping here
+only delays deletions.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -68,43 +68,26 @@ def list_records(paths: Paths) -> list[AllocationRecord]:
     return out
 
 
-def stale_tokens(records: Iterable[AllocationRecord], in_use: set[str]) -> set[str]:
-    """Tokens of records no container holds any more.
-
-    A vGPU ID is held by at most one container at a time; when several
-    records name an ID the kubelet still assigns, the newest one is that
-    container's and the older ones are stale.
-    """
-    recs = sorted(records, key=lambda r: r.created, reverse=True)
-    owner: dict[str, str] = {}
-    for r in recs:
-        for g in r.gpus:
-            for vid in g.vgpu_ids:
-                owner.setdefault(vid, r.token)
-    stale = set()
-    for r in recs:
-        live = any(vid in in_use and owner.get(vid) == r.token for g in r.gpus for vid in g.vgpu_ids)
-        if not live:
-            stale.add(r.token)
-    return stale
-
-
 @dataclass
 class RecordCollector:
-    """Deletes records that stayed stale for `grace_s` (and are older than it)."""
+    """Deletes records that stayed stale for `grace_s` (and are older than it).
+
+    Stale: the kubelet can no longer replay the token (not in `replayable`). The age condition
+    covers the moment between our Allocate answer and the kubelet's checkpoint write.
+    """
 
     paths: Paths
     resource_name: str
     grace_s: float
     _since: dict[str, float] | None = None
 
-    def collect(self, in_use: set[str], now: float | None = None) -> list[str]:
-        """One pass given the vGPU IDs kubelet assigns now; returns deleted tokens."""
+    def collect(self, replayable: set[str], now: float | None = None) -> list[str]:
+        """One pass given the tokens the kubelet may still replay; returns deleted tokens."""
         now = time.time() if now is None else now
         if self._since is None:
             self._since = {}
         records = [r for r in list_records(self.paths) if r.resource_name == self.resource_name]
-        stale = stale_tokens(records, in_use)
+        stale = {r.token for r in records if r.token not in replayable}
         for tok in list(self._since):
             if tok not in stale:
                 del self._since[tok]

@@ -10,9 +10,11 @@ the old link a moment before the swap still finds its target.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -98,3 +100,70 @@ def prune(directory: Path, keep: set[str], prefix: str) -> None:
     for p in directory.iterdir():
         if p.name.startswith(prefix) and p.name not in keep and not p.is_symlink():
             remove(p)
+
+
+_KINDS = {
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def _file_digest(path: str) -> str:
+    """sha256 of a regular file's content, read without following links and without blocking."""
+    # O_NONBLOCK: the entry may have become a FIFO since lstat; O_NOFOLLOW: or a link.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "no longer a regular file")
+        h = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def tree_state(directory: Path) -> tuple[dict[str, str], list[str]]:
+    """What a directory tree holds, to tell whether something in it changed: path -> content
+    digest (regular files) or link target (symlinks, never followed); plus one note per entry
+    that could not be compared by content.
+
+    A config directory may hold anything: a socket someone bound there, a FIFO, a device node,
+    a file of a special filesystem bind-mounted in (stat says regular, read() fails with EINVAL).
+    Those are never opened (sockets, FIFOs, devices) or are compared by size and mtime (files
+    that cannot be read), each with a note; nothing in the tree can make the installer fail.
+    """
+    out: dict[str, str] = {}
+    notes: list[str] = []
+    if not directory.is_dir():
+        return out, notes
+    for top, dirs, names in os.walk(directory, followlinks=False, onerror=lambda e: notes.append(f"{e}")):
+        dirs.sort()
+        for name in [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            dirs.remove(name)  # a link to a directory: compared as a link, never entered
+            names.append(name)
+        for name in sorted(names):
+            path = os.path.join(top, name)
+            try:
+                st = os.lstat(path)
+            except OSError as e:
+                notes.append(f"cannot stat {path}: {e.strerror}")
+                continue
+            kind = stat.S_IFMT(st.st_mode)
+            if kind == stat.S_IFLNK:
+                try:
+                    out[path] = "-> " + os.readlink(path)
+                except OSError as e:
+                    notes.append(f"cannot read link {path}: {e.strerror}")
+                continue
+            if kind != stat.S_IFREG:
+                notes.append(f"skipped {path}: {_KINDS.get(kind, 'not a regular file')}, not a regular file")
+                continue
+            try:
+                out[path] = _file_digest(path)
+            except OSError as e:
+                out[path] = f"size={st.st_size} mtime={st.st_mtime_ns}"
+                notes.append(f"cannot read {path} ({e.strerror}): compared by size and time only")
+    return out, notes

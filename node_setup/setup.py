@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -24,6 +25,8 @@ LAUNCHER = "bin/vgpu-hook"
 LIBRARY_LINK = "lib/libvgpu.so"
 HOOK_LINK = "hook/current"
 IMAGE_LIBRARY = "/usr/lib/vgpu/libvgpu.so"
+_VERSIONED = {"lib": re.compile(r"libvgpu-[0-9a-f]{16}\.so"), "hook": re.compile(r"[0-9a-f]{16}")}
+_NOTHING = re.compile(r"(?!)")
 
 
 class SetupError(Exception):
@@ -56,6 +59,9 @@ class Manifest(msgspec.Struct, kw_only=True):
     created_dirs: list[str] = msgspec.field(default_factory=list)  # host paths
     containerd_config: str
     handler: str
+    # False from the moment install starts placing files until it has finished: an install that
+    # was interrupted (a failing step, a kill) still tells uninstall what it made.
+    complete: bool = True
 
 
 def _host(opts: Options, path: str) -> Path:
@@ -76,6 +82,11 @@ def _load_manifest(opts: Options) -> Manifest | None:
         return None
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise SetupError(f"{_unhost(opts, path)} is corrupt ({e}); remove it and the prefix to start over") from None
+
+
+def _write_manifest(prefix: Path, man: Manifest) -> None:
+    data = json.dumps(msgspec.to_builtins(man), indent=2, sort_keys=True).encode() + b"\n"
+    files.write_atomic(prefix / MANIFEST, data, 0o644)
 
 
 def hook_sources() -> tuple[Path, list[str]]:
@@ -138,15 +149,22 @@ def _run_containerd(opts: Options, action: str, python: str) -> str:
     return r.stdout
 
 
-def _containerd_snapshot(opts: Options) -> dict[str, bytes]:
-    """Every file of the host's containerd config directory (to tell whether a restart is needed)."""
-    d = _host(opts, os.path.dirname(opts.containerd_config))
-    out: dict[str, bytes] = {}
-    if d.is_dir():
-        for p in sorted(d.rglob("*")):
-            if p.is_file() and not p.is_symlink():
-                out[str(p)] = p.read_bytes()
-    return out
+def _containerd_snapshot(opts: Options, notes: list[str] | None = None) -> dict[str, str]:
+    """The host's containerd config directory, file by file (to tell whether a restart is needed).
+
+    Sockets, FIFOs and devices in it are skipped and files that cannot be read are compared by
+    size and time (files.tree_state); each such entry adds a line to `notes` when given.
+    """
+    state, skipped = files.tree_state(_host(opts, os.path.dirname(opts.containerd_config)))
+    if notes is not None:
+        notes += [f"vgpu-node-setup: note: {_unhost_text(opts, n)}" for n in skipped]
+    return state
+
+
+def _unhost_text(opts: Options, text: str) -> str:
+    """A note about host paths, with the host root taken off them."""
+    root = os.path.join(os.path.abspath(opts.host_root), "")
+    return text.replace(root, "/") if root != "/" else text
 
 
 def check_default_runtime(opts: Options) -> str | None:
@@ -216,25 +234,45 @@ def install(opts: Options) -> list[str]:
     except OSError as e:
         raise SetupError(f"cannot read {lib_src}: {e.strerror}") from None
     old = _load_manifest(opts)
+    lib_name = f"libvgpu-{files.sha256_bytes(lib_data)[:16]}.so"
+    prev_lib = old.library if old and old.library != lib_name else (old.library_previous if old else None)
+    sources = [(rel, (src_root / rel).read_bytes()) for rel in rels]
+    hook_name = files.tree_digest(sources)[:16]
+    prev_hook = old.hook if old and old.hook != hook_name else (old.hook_previous if old else None)
     rec = files.Recorder([str(_host(opts, d)) for d in old.created_dirs] if old else None)
     prefix = _host(opts, opts.prefix)
+
+    def manifest(complete: bool) -> Manifest:
+        return Manifest(
+            version=__version__,
+            python=python,
+            python_version=f"{ver[0]}.{ver[1]}",
+            library=lib_name,
+            library_previous=prev_lib,
+            hook=hook_name,
+            hook_previous=prev_hook,
+            created_dirs=[_unhost(opts, Path(d)) for d in rec.created],
+            containerd_config=opts.containerd_config,
+            handler=opts.handler,
+            complete=complete,
+        )
+
     rec.makedirs(prefix)
     for sub in ("lib", "hook", "bin"):
         rec.makedirs(prefix / sub)
+    # Before the first file: what this install is about to make, so that an uninstall after an
+    # interruption removes it (and the directories above) too.
+    _write_manifest(prefix, manifest(complete=False))
     changed: list[str] = []
 
     # libvgpu.so: versioned file, then the link swap.
-    lib_name = f"libvgpu-{files.sha256_bytes(lib_data)[:16]}.so"
     if files.write_atomic(prefix / "lib" / lib_name, lib_data, 0o644):
         changed.append(f"lib/{lib_name}")
-    prev_lib = old.library if old and old.library != lib_name else (old.library_previous if old else None)
     if files.symlink_atomic(prefix / LIBRARY_LINK, lib_name):
         changed.append(LIBRARY_LINK)
     files.prune(prefix / "lib", {lib_name, *([prev_lib] if prev_lib else [])}, "libvgpu-")
 
     # The hook's Python files: a version directory, then the link swap.
-    sources = [(rel, (src_root / rel).read_bytes()) for rel in rels]
-    hook_name = files.tree_digest(sources)[:16]
     hook_dir = prefix / "hook" / hook_name
     if not hook_dir.is_dir():
         tmp = prefix / "hook" / (hook_name + files.TMP_SUFFIX)
@@ -246,7 +284,6 @@ def install(opts: Options) -> list[str]:
             os.chmod(d, 0o755)
         os.rename(tmp, hook_dir)
         changed.append(f"hook/{hook_name}/")
-    prev_hook = old.hook if old and old.hook != hook_name else (old.hook_previous if old else None)
     if files.symlink_atomic(prefix / HOOK_LINK, hook_name):
         changed.append(HOOK_LINK)
     files.prune(prefix / "hook", {hook_name, "current", *([prev_hook] if prev_hook else [])}, "")
@@ -254,30 +291,19 @@ def install(opts: Options) -> list[str]:
     if files.write_atomic(prefix / LAUNCHER, launcher_text(python, opts.prefix).encode(), 0o755):
         changed.append(LAUNCHER)
 
-    before = _containerd_snapshot(opts)
+    notes: list[str] = []
+    before = _containerd_snapshot(opts, notes)
     out = _run_containerd(opts, "install", python)
     problem = check_default_runtime(opts)
     if problem:
         _run_containerd(opts, "uninstall", python)  # leave containerd's config as it was
         raise SetupError(problem)
     containerd_changed = _containerd_snapshot(opts) != before
-    manifest = Manifest(
-        version=__version__,
-        python=python,
-        python_version=f"{ver[0]}.{ver[1]}",
-        library=lib_name,
-        library_previous=prev_lib,
-        hook=hook_name,
-        hook_previous=prev_hook,
-        created_dirs=[_unhost(opts, Path(d)) for d in rec.created],
-        containerd_config=opts.containerd_config,
-        handler=opts.handler,
-    )
-    data = json.dumps(msgspec.to_builtins(manifest), indent=2, sort_keys=True).encode() + b"\n"
-    files.write_atomic(prefix / MANIFEST, data, 0o644)
+    _write_manifest(prefix, manifest(complete=True))
     lines = [f"vgpu-node-setup: {opts.prefix} on the host: " + (", ".join(changed) if changed else "unchanged")]
     lines.append(f"vgpu-node-setup: hook runs with the host's {python} (Python {ver[0]}.{ver[1]})")
     lines += [ln for ln in out.splitlines() if ln.strip()]
+    lines += notes
     if containerd_changed and opts.restart_containerd:
         restart_containerd(opts)
         lines.append("vgpu-node-setup: containerd restarted")
@@ -290,7 +316,8 @@ def uninstall(opts: Options) -> list[str]:
     """Undo install: containerd's config restored, every file and directory install created removed."""
     man = _load_manifest(opts)
     lines: list[str] = []
-    before = _containerd_snapshot(opts)
+    notes: list[str] = []
+    before = _containerd_snapshot(opts, notes)
     out = _run_containerd(opts, "uninstall", man.python if man else "/usr/bin/python3")
     lines += [ln for ln in out.splitlines() if ln.strip()]
     prefix = _host(opts, opts.prefix)
@@ -305,6 +332,14 @@ def uninstall(opts: Options) -> list[str]:
         for name in (man.library, man.library_previous):
             if name:
                 files.remove(prefix / "lib" / name)
+        # What an install killed half-way leaves: temporary files, and versions it had not
+        # pruned yet (only our own names: libvgpu-<hex>.so, hook/<16 hex>/).
+        for sub in ("", "lib", "hook", "bin"):
+            sd = prefix / sub
+            if sd.is_dir() and not sd.is_symlink():
+                for entry in sd.iterdir():
+                    if entry.name.endswith(files.TMP_SUFFIX) or _VERSIONED.get(sub, _NOTHING).fullmatch(entry.name):
+                        files.remove(entry)
         files.remove(prefix / MANIFEST)
         for d in reversed(man.created_dirs):
             p = _host(opts, d)
@@ -321,7 +356,7 @@ def uninstall(opts: Options) -> list[str]:
             lines.append("vgpu-node-setup: containerd restarted")
         else:
             lines.append("vgpu-node-setup: containerd configuration restored; restart containerd to apply it")
-    return lines
+    return lines + notes
 
 
 def status(opts: Options) -> tuple[int, dict[str, object]]:
@@ -331,6 +366,8 @@ def status(opts: Options) -> tuple[int, dict[str, object]]:
         return 1, {"installed": False, "prefix": opts.prefix}
     prefix = _host(opts, opts.prefix)
     problems = []
+    if not man.complete:
+        problems.append("the last install did not finish: run install again (or uninstall)")
     for rel in (LAUNCHER, LIBRARY_LINK, f"{HOOK_LINK}/runtime_hook/fastpath.py"):
         if not (prefix / rel).exists():
             problems.append(f"{opts.prefix}/{rel} missing")

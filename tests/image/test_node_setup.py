@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -31,6 +32,7 @@ import pytest
 from tests.image import imagebuild
 from tests.image.imagebuild import default_config
 from tests.packaging import pkgbuild
+from tests.support.procs import terminate
 
 pytestmark = [
     pytest.mark.root,
@@ -254,16 +256,23 @@ def test_host_without_python_gets_one_line(image_root: Path) -> None:
 
 def cri_plugin_status(host: Path) -> str:
     """Start the host's containerd on its own config inside the host root and return the CRI
-    plugin's status line of `ctr plugins ls` ("ok" or "error")."""
+    plugin's status line of `ctr plugins ls` ("ok" or "error").
+
+    The mount namespace is private but the PID namespace is the machine's: the containerd started
+    here is stopped by the PID recorded when it was started (`$!`), never by name - on a GPU node
+    killing by name would hit the node's own containerd too."""
     script = f"""
 set -e
 mount -t proc proc {host}/proc; mount -t tmpfs tmpfs {host}/run; mount --rbind /dev {host}/dev
 chroot {host} sh -c 'containerd --config /etc/containerd/config.toml >/tmp/containerd.log 2>&1 &
+  pid=$!
   for i in $(seq 100); do
     [ -S /run/containerd/containerd.sock ] && ctr version >/dev/null 2>&1 && break; sleep 0.1
   done
   ctr plugins ls | grep -E "io.containerd.grpc.v1 +cri " || echo "cri missing"
-  kill $(pidof containerd) 2>/dev/null || true; sleep 0.5'
+  kill $pid 2>/dev/null || true
+  for i in $(seq 50); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+  kill -9 $pid 2>/dev/null || true; wait $pid 2>/dev/null || true'
 """
     r = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
@@ -273,6 +282,18 @@ chroot {host} sh -c 'containerd --config /etc/containerd/config.toml >/tmp/conta
     )
     line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "no output: " + r.stderr[-500:]
     return line.split()[-1] if line.startswith("io.containerd.grpc.v1") else line
+
+
+def test_stopping_the_test_containerd_spares_every_other_containerd(host: Path, tmp_path: Path) -> None:
+    """Another process called containerd (the node's own, on a GPU node) outlives the check."""
+    decoy = tmp_path / "containerd"
+    shutil.copy2(shutil.which("sleep") or "/bin/sleep", decoy)
+    other = subprocess.Popen([str(decoy), "120"])
+    try:
+        assert cri_plugin_status(host) == "ok"
+        assert other.poll() is None, "the test signalled a containerd it did not start"
+    finally:
+        terminate(other, 5)
 
 
 def test_host_containerd_loads_the_installed_config_from_its_default(image_root: Path, host: Path) -> None:

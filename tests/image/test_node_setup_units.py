@@ -1,17 +1,28 @@
-"""vgpu-node-setup's pure parts, without root: the hook's import audit, host python3 detection in
-a host root, atomic placement, the uninstall Job's wait."""
+"""vgpu-node-setup without the image: the hook's import audit, host python3 detection in a host
+root, atomic placement, the uninstall Job's wait; install and uninstall against a plain host root
+(the containerd step for real): what a containerd config directory may hold (sockets, FIFOs,
+files that cannot be read), and uninstall after an interrupted install."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shlex
 import shutil
+import socket
+import stat
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 from node_setup import files, hookfiles, hostpython, setup, waitds
+from tests.support import traces
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,3 +121,126 @@ def test_wait_daemonset() -> None:
 def test_restart_needs_systemd_on_the_host(tmp_path: Path) -> None:
     with pytest.raises(setup.SetupError, match="does not run systemd; restart containerd yourself"):
         setup.restart_containerd(setup.Options(host_root=str(tmp_path), restart_containerd=True))
+
+
+# --- install and uninstall against a host root (the containerd step runs for real) -------------
+
+
+def _host(tmp: Path) -> Path:
+    """A host root with containerd's default config (as 1.6.20 writes it) and a python3."""
+    host = tmp / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    shutil.copy(
+        traces.path("nvidia-toolkit/bases/containerd-1.6.20-config-default.toml"), host / "etc/containerd/config.toml"
+    )
+    _python(host, "python3.11", "python3.11")
+    return host
+
+
+def _opts(tmp: Path, host: Path, *, base_spec: bool = True) -> setup.Options:
+    lib = tmp / "libvgpu.so"
+    lib.write_bytes(b"\x7fELF not really")
+    args = ["--containerd-version", "1"]
+    if base_spec:  # the host root has no `ctr` to ask for containerd's default spec
+        args += ["--base-spec-source", str(traces.path("containerd-cri/ctr-oci-spec.containerd-1.6.20.json"))]
+    return setup.Options(
+        host_root=str(host), library_source=str(lib), without_nvidia_runtime=True, containerd_args=args
+    )
+
+
+def _entries(root: Path) -> dict[str, tuple[int, str]]:
+    """path -> (mode, content hash or link target) of every entry, never opening non-regular files."""
+    out: dict[str, tuple[int, str]] = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        data = ""
+        if stat.S_ISLNK(st.st_mode):
+            data = os.readlink(p)
+        elif stat.S_ISREG(st.st_mode):
+            data = hashlib.sha256(p.read_bytes()).hexdigest()
+        out[str(p.relative_to(root))] = (st.st_mode, data)
+    return out
+
+
+def test_sockets_and_fifos_in_containerd_config_dir_are_skipped_with_a_note(tmp_path: Path) -> None:
+    host = _host(tmp_path)
+    (host / "etc/containerd/run").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(host / "etc/containerd/run/debug.sock"))
+    sock.listen()
+    os.mkfifo(host / "etc/containerd/pipe")  # opening it for reading would block the installer
+    before = _entries(host)
+    opts = _opts(tmp_path, host)
+    try:
+        lines = setup.install(opts)
+        assert "vgpu-node-setup: note: skipped /etc/containerd/pipe: a FIFO, not a regular file" in lines
+        assert "vgpu-node-setup: note: skipped /etc/containerd/run/debug.sock: a socket, not a regular file" in lines
+        assert (host / "usr/local/vgpu/node-setup.json").exists()
+        assert setup.status(opts)[0] == 0
+        lines = setup.uninstall(opts)
+        assert "vgpu-node-setup: note: skipped /etc/containerd/pipe: a FIFO, not a regular file" in lines
+    finally:
+        sock.close()
+    assert _entries(host) == before
+
+
+def test_unreadable_special_file_in_containerd_config_dir(tmp_path: Path) -> None:
+    """A file of a special filesystem mounted into the config dir: stat says regular, read()
+    fails with EINVAL. The installer compares it by size and time, says so, and goes on."""
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    host = _host(tmp_path)
+    special = host / "etc/containerd/special"
+    special.touch()
+    opts = _opts(tmp_path, host)
+    code = (
+        "import json, sys; from node_setup import setup; o = setup.Options(**json.loads(sys.argv[1])); "
+        "print(json.dumps([setup.install(o), setup.uninstall(o)]))"
+    )
+    argv = [sys.executable, "-c", code, json.dumps(msgspec.to_builtins(opts))]
+    script = f"mount --bind /proc/1/clear_refs {shlex.quote(str(special))} && exec {shlex.join(argv)}"
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    installed, removed = json.loads(r.stdout)
+    note = (
+        "vgpu-node-setup: note: cannot read /etc/containerd/special (Invalid argument): compared by size and time only"
+    )
+    assert note in installed and note in removed
+    assert not (host / "usr/local/vgpu").exists()
+
+
+def test_uninstall_after_an_interrupted_install_leaves_nothing(tmp_path: Path) -> None:
+    """The containerd step fails after the library and the hook were placed (here: no `ctr` on the
+    host to ask for containerd's default spec). uninstall still removes every file and every
+    directory that install created: the host is as it was."""
+    host = _host(tmp_path)
+    before = _entries(host)
+    opts = _opts(tmp_path, host, base_spec=False)
+    with pytest.raises(setup.SetupError, match="`ctr` not found"):
+        setup.install(opts)
+    assert (host / "usr/local/vgpu/lib").is_dir()
+    code, report = setup.status(opts)
+    assert code == 1 and "the last install did not finish: run install again (or uninstall)" in report["problems"]
+    setup.uninstall(opts)
+    assert _entries(host) == before
+
+
+def test_uninstall_removes_what_an_install_killed_half_way_left(tmp_path: Path) -> None:
+    """A kill between two writes leaves temporary files and a version the install had not pruned."""
+    host = _host(tmp_path)
+    before = _entries(host)
+    opts = _opts(tmp_path, host)
+    setup.install(opts)
+    prefix = host / "usr/local/vgpu"
+    (prefix / "lib" / ("libvgpu.so" + files.TMP_SUFFIX)).symlink_to("libvgpu-0123456789abcdef.so")
+    (prefix / "lib/libvgpu-0123456789abcdef.so").write_bytes(b"older")
+    (prefix / "hook" / ("fedcba9876543210" + files.TMP_SUFFIX) / "runtime_hook").mkdir(parents=True)
+    (prefix / "bin" / ("vgpu-hook" + files.TMP_SUFFIX)).write_text("#!/bin/sh\n")
+    setup.uninstall(opts)
+    assert _entries(host) == before

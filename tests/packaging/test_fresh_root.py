@@ -28,7 +28,7 @@ pytestmark = [
 PACKAGES = ("git", "make", "python3")
 APT_CACHE = Path(os.environ.get("VGPU_IMAGE_CACHE", "/var/cache/k8s-vgpu")) / "apt-archives"
 TOOLS = ("cc", "make", "runc", "containerd", "ctr", "busybox", "podman", "mmdebstrap", "debootstrap", "rpm",
-         "lintian", "systemd-analyze", "ip", "pkill", "killall", "unshare", "python3",
+         "lintian", "systemd-analyze", "ip", "unshare", "python3",
          "prometheus", "promtool")  # fmt: skip
 
 

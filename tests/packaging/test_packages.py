@@ -182,7 +182,10 @@ def test_systemd_units_verify(installed: Path) -> None:
     assert "vgpu" not in r.stderr, r.stderr  # no warning about our units either
     text = (installed / "usr/lib/systemd/system/vgpu-monitor.service").read_text()
     assert "Restart=always" in text and "ExecStopPost=" in text
-    assert "Restart=always" in (installed / "usr/lib/systemd/system/vgpu-device-plugin.service").read_text()
+    plugin = (installed / "usr/lib/systemd/system/vgpu-device-plugin.service").read_text()
+    assert "Restart=always" in plugin
+    # ready (serving) before the kubelet starts: registered before the kubelet re-admits pods
+    assert "Type=notify" in plugin and "Before=kubelet.service" in plugin
 
 
 def test_installed_daemons_run_on_the_simulated_gpu(installed: Path, build_dir: Path) -> None:

@@ -19,7 +19,7 @@ from device_plugin import decision
 from device_plugin.devices import DeviceTable, Slicing
 from tests.plugin.conftest import GiB, InProc, synthetic_gpus
 from tests.support.kubeapi import KubeAPI, node_object, pod_object
-from tests.support.kubelet import FakeKubelet
+from tests.support.kubelet import ContainerSpec, FakeKubelet
 from vgpu import scheduling
 from vgpu.scheduling import ContainerDecision, Decision, GPUAssignment
 from vgpu.schemas import TOKEN_ENV, read_record
@@ -120,6 +120,8 @@ def test_decision_sizes_the_record_and_completes_the_pod(api: KubeAPI, kubelet: 
 
 
 def test_init_then_app_containers_in_order(api: KubeAPI, kubelet: FakeKubelet, plugin) -> None:
+    """The kubelet allocates the init container first and gives its vGPU to the app container
+    (must-include in the app's GetPreferredAllocation): each gets its own decided slice."""
     p = plugin()
     add_pod(
         api,
@@ -129,20 +131,18 @@ def test_init_then_app_containers_in_order(api: KubeAPI, kubelet: FakeKubelet, p
             ("main", False, [(U0, 5000 * MiB, 40), (U1, 6000 * MiB, 50)]),
         ],
     )
-    a = kubelet.admit("default", "job", "prep", count=1)
+    allocs = kubelet.admit_pod("default", "job", [ContainerSpec("main", 2)], [ContainerSpec("prep", 1)])
+    a, b = allocs["prep"], allocs["main"]
+    assert a.device_ids[0] in b.device_ids
     rec = read_record(p.state.allocation_record(a.envs[TOKEN_ENV]))
     assert [(g.uuid, g.memory_limit, g.core_percent) for g in rec.gpus] == [(U0, 1024 * MiB, 10)]
-    ann = pod_ann(api, "job")
-    assert json.loads(ann[scheduling.ALLOCATED_ANNOTATION]) == ["prep"]
-    assert ann[scheduling.BIND_PHASE_ANNOTATION] == scheduling.PHASE_ALLOCATING  # main is still to come
-    kubelet.release("default", "job")  # the init container ended: its vGPU is free for main
-    b = kubelet.admit("default", "job", "main", count=2)
     rec = read_record(p.state.allocation_record(b.envs[TOKEN_ENV]))
     assert [(g.uuid, g.memory_limit, g.core_percent) for g in rec.gpus] == [(U0, 5000 * MiB, 40), (U1, 6000 * MiB, 50)]
     assert b.envs["NVIDIA_VISIBLE_DEVICES"] == f"{U0},{U1}"
     ann = pod_ann(api, "job")
     assert json.loads(ann[scheduling.ALLOCATED_ANNOTATION]) == ["prep", "main"]
     assert ann[scheduling.BIND_PHASE_ANNOTATION] == scheduling.PHASE_SUCCESS
+    assert len(pod_patches(api)) == 2  # one per container, in the kubelet's order
 
 
 def test_oldest_bind_first_and_other_nodes_ignored(api: KubeAPI, kubelet: FakeKubelet, plugin) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.plugin.conftest import GiB, synthetic_gpus
-from tests.support.kubelet import FakeKubelet
+from tests.plugin.conftest import GiB, InProc, synthetic_gpus
+from tests.support.kubelet import ContainerSpec, FakeKubelet
 from vgpu.paths import valid_token
 from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV, read_record
 
@@ -180,35 +180,144 @@ def test_plugin_restart_keeps_records(kubelet: FakeKubelet, inproc) -> None:
     assert Path(path).read_bytes() == before
 
 
-def test_pod_resources_cleanup(kubelet: FakeKubelet, inproc) -> None:
-    p = inproc(record_gc_grace_s=0.5, record_gc_interval_s=0.2)
+def _wait_gone(path: str, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not os.path.exists(path)
+
+
+def _gc_passes(p: InProc, n: int = 3) -> None:
+    for _ in range(n):
+        p.daemon.gc_once()
+
+
+def test_records_live_while_the_kubelet_keeps_their_answer(kubelet: FakeKubelet, inproc) -> None:
+    """A record goes once the kubelet's checkpoint no longer holds its Allocate answer: not when
+    the pod is deleted, but when the kubelet next writes its checkpoint (here: its next admission),
+    as kubelet's device manager drops a gone pod's entries (manager.go UpdateAllocatedDevices,
+    writeCheckpoint)."""
+    p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=3600)
     kubelet.wait_endpoint()
     a = kubelet.admit("default", "short", "c", 1)
     b = kubelet.admit("default", "long", "c", 1)
     pa = p.state.allocation_record(a.envs[TOKEN_ENV])
     pb = p.state.allocation_record(b.envs[TOKEN_ENV])
-    time.sleep(1.5)  # several GC passes: both still assigned
+    _gc_passes(p)
     assert os.path.exists(pa) and os.path.exists(pb)
-    assert kubelet.pod_resources_calls > 0
     kubelet.release("default", "short")
-    deadline = time.monotonic() + 20
-    while os.path.exists(pa) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _gc_passes(p)
+    assert os.path.exists(pa), "the kubelet's checkpoint still holds the deleted pod's answer"
+    c = kubelet.admit("default", "next", "c", 1)  # prunes the gone pod, rewrites the checkpoint
+    assert p.daemon.gc_once() == [a.envs[TOKEN_ENV]]
     assert not os.path.exists(pa)
-    assert os.path.exists(pb)
+    assert os.path.exists(pb) and os.path.exists(p.state.allocation_record(c.envs[TOKEN_ENV]))
 
 
-def test_records_kept_without_pod_resources(tmp_path: Path, inproc, caplog: pytest.LogCaptureFixture) -> None:
+def test_collector_runs_on_its_own(kubelet: FakeKubelet, inproc) -> None:
+    p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=0.1)
+    kubelet.wait_endpoint()
+    a = kubelet.admit("default", "gone", "c", 1)
+    kubelet.release("default", "gone")
+    kubelet.admit("default", "next", "c", 1)
+    assert _wait_gone(p.state.allocation_record(a.envs[TOKEN_ENV]))
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "bad entry"])
+def test_records_kept_when_the_checkpoint_is_unusable(
+    kubelet: FakeKubelet, inproc, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
     caplog.set_level(logging.WARNING, logger="device_plugin")
-    with FakeKubelet(tmp_path / "kubelet", pod_resources=False) as k:
-        p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=0.1)
-        k.wait_endpoint()
-        a = k.admit("default", "gone", "c", 1)
-        k.release("default", "gone")
-        time.sleep(1.5)
-        assert os.path.exists(p.state.allocation_record(a.envs[TOKEN_ENV]))
-        msgs = [r.getMessage() for r in caplog.records if "PodResources API unavailable" in r.getMessage()]
-        assert len(msgs) == 1, msgs
+    p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=3600)
+    kubelet.wait_endpoint()
+    a = kubelet.admit("default", "gone", "c", 1)
+    kubelet.release("default", "gone")
+    kubelet.admit("default", "next", "c", 1)
+    ck = Path(kubelet.checkpoint_path)
+    if damage == "missing":
+        ck.unlink()
+    elif damage == "garbage":
+        ck.write_bytes(b"{not json")
+    else:
+        ck.write_text('{"Data":{"PodDeviceEntries":[{"ResourceName":"nvidia.com/gpu","AllocResp":"%%%"}]}}')
+    _gc_passes(p)
+    assert os.path.exists(p.state.allocation_record(a.envs[TOKEN_ENV]))
+    msgs = [r.getMessage() for r in caplog.records if "checkpoint unusable" in r.getMessage()]
+    assert len(msgs) == 1, msgs
+
+
+def test_init_container_records_survive_while_the_pod_exists(kubelet: FakeKubelet, inproc) -> None:
+    """The issue: the kubelet gives the init container's vGPU to the app container (two Allocate
+    calls, same ID, two tokens) and replays the init container's answer when the sandbox is
+    recreated. Its record must outlive every GC pass while the pod exists, and the replay must
+    find exactly the limits it had."""
+    from runtime_hook import prestart
+    from runtime_hook.records import limits_of, render_limits
+
+    def limits(token: str) -> str:  # what the hook writes for the token (a HookError if unknown)
+        return render_limits(limits_of(prestart.load_record(p.state, token)))
+
+    p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=3600, device_split_count=4)
+    kubelet.wait_endpoint()
+    first = kubelet.admit_pod("default", "job", [ContainerSpec("app", 1)], [ContainerSpec("init", 1)])
+    assert first["init"].device_ids == first["app"].device_ids  # the app reuses the init's vGPU
+    tokens = {c: a.envs[TOKEN_ENV] for c, a in first.items()}
+    assert tokens["init"] != tokens["app"]
+    before = {c: limits(t) for c, t in tokens.items()}
+    kubelet.admit("default", "other", "c", 1)  # another checkpoint write, another record
+    _gc_passes(p)
+    again = kubelet.recreate_sandbox("default", "job")
+    assert {c: a.envs[TOKEN_ENV] for c, a in again.items()} == tokens  # replayed, not re-allocated
+    assert {c: limits(t) for c, t in tokens.items()} == before
+    # the pod goes: once the kubelet has written its checkpoint, both records go
+    kubelet.release("default", "job")
+    kubelet.admit("default", "later", "c", 1)
+    assert set(p.daemon.gc_once()) == set(tokens.values())
+
+
+def test_init_container_alone_holding_a_gpu(kubelet: FakeKubelet, inproc) -> None:
+    """An init container with a vGPU whose app containers have none: PodResources never lists
+    its vGPU, the record still lives as long as the pod."""
+    p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=3600)
+    kubelet.wait_endpoint()
+    a = kubelet.admit_pod("default", "prep", [ContainerSpec("app", 0)], [ContainerSpec("init", 1)])
+    kubelet.admit("default", "other", "c", 1)
+    _gc_passes(p)
+    assert kubelet.recreate_sandbox("default", "prep")["init"].envs[TOKEN_ENV] == a["init"].envs[TOKEN_ENV]
+    assert os.path.exists(p.state.allocation_record(a["init"].envs[TOKEN_ENV]))
+
+
+def test_app_needing_more_than_its_init_container(kubelet: FakeKubelet, inproc) -> None:
+    """K4(f): init 1 vGPU, app 2: the app's GetPreferredAllocation must include the init's vGPU."""
+    p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=3600, device_split_count=4)
+    kubelet.wait_endpoint()
+    a = kubelet.admit_pod("default", "f", [ContainerSpec("app", 2)], [ContainerSpec("init", 1)])
+    assert a["init"].device_ids[0] in a["app"].device_ids and len(a["app"].device_ids) == 2
+    kubelet.admit("default", "other", "c", 1)
+    _gc_passes(p)
+    again = kubelet.recreate_sandbox("default", "f")
+    for c in ("init", "app"):
+        assert again[c].envs[TOKEN_ENV] == a[c].envs[TOKEN_ENV]
+        assert os.path.exists(p.state.allocation_record(a[c].envs[TOKEN_ENV]))
+
+
+def test_kubelet_restart_keeps_init_container_pods(kubelet: FakeKubelet, inproc) -> None:
+    """The restarted kubelet re-admits its pods; an init container (not running) needs a healthy
+    device then. The plugin is back (registered, device list sent) within milliseconds of
+    kubelet.sock, so the pod is kept and its replayed tokens still have their records."""
+    p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=3600)
+    kubelet.wait_endpoint()
+    a = kubelet.admit_pod("default", "job", [ContainerSpec("app", 1)], [ContainerSpec("init", 1)])
+    kubelet.restart()
+    kubelet.wait_registration(count=2, timeout=20)
+    kubelet.wait_endpoint(timeout=20)
+    r = kubelet.readmit()
+    assert r.rejected == []
+    _gc_passes(p)
+    again = kubelet.recreate_sandbox("default", "job")
+    assert {c: x.envs[TOKEN_ENV] for c, x in again.items()} == {c: x.envs[TOKEN_ENV] for c, x in a.items()}
+    for x in a.values():
+        assert os.path.exists(p.state.allocation_record(x.envs[TOKEN_ENV]))
 
 
 def test_crashed_server_and_lost_socket_are_restarted(
@@ -257,3 +366,25 @@ def test_registration_refused_by_kubelet_is_retried_quietly(
     assert "kubernetes.io/gpu" in kubelet.rejected[0][1]
     warnings = [r for r in caplog.records if "registration failed" in r.getMessage() and r.levelno >= logging.WARNING]
     assert len(warnings) == 1
+
+
+def test_systemd_is_told_once_the_plugin_serves(tmp_path: Path, inproc, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Type=notify: READY=1 on $NOTIFY_SOCKET once the plugin's socket serves, with or without
+    a kubelet (at boot the unit runs before kubelet.service)."""
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    sock.settimeout(20)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    try:
+        p = inproc()
+        assert sock.recv(64) == b"READY=1"
+        assert os.path.exists(p.daemon.where.plugin_socket)  # serving when it said so
+        with FakeKubelet(tmp_path / "kubelet") as k:
+            k.wait_registration(timeout=20)
+        sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            sock.recv(64)  # once
+    finally:
+        sock.close()

@@ -20,12 +20,12 @@ def test_daemonset_mounts_and_flags() -> None:
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host["device-plugins"] == "/var/lib/kubelet/device-plugins"
-    assert host["pod-resources"] == "/var/lib/kubelet/pod-resources"  # the directory, not the socket
+    # The plugin reads the kubelet's device checkpoint there; it needs no PodResources socket.
+    assert "pod-resources" not in host
     assert host["vgpu-state"] == "/var/lib/vgpu"
     (c,) = pod["containers"]
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["device-plugins"] == host["device-plugins"]
-    assert mounts["pod-resources"] == host["pod-resources"]
     assert mounts["vgpu-state"] == host["vgpu-state"]
     assert c["command"] == ["vgpu-device-plugin"]
     assert "--kubelet-dir=/var/lib/kubelet" in c["args"]

@@ -1,4 +1,4 @@
-"""Allocation records: atomic write, schema, and the stale-record collector."""
+"""Allocation records: atomic write, schema, the kubelet checkpoint reader and the stale-record collector."""
 
 from __future__ import annotations
 
@@ -6,12 +6,17 @@ import os
 import stat
 from pathlib import Path
 
-from device_plugin import records
+import pytest
+
+from device_plugin import checkpoint, records
 from device_plugin.allocator import slice_for
+from device_plugin.api import deviceplugin_pb2 as pb
 from device_plugin.devices import DeviceTable, Slicing
+from tests.support import kubelet_checkpoint as kc
+from tests.support import traces
 from vgpu.nvml import GPUInfo
 from vgpu.paths import Paths, valid_token
-from vgpu.schemas import read_record
+from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV, read_record
 
 
 def _table() -> DeviceTable:
@@ -44,17 +49,72 @@ def test_list_skips_garbage(tmp_path: Path) -> None:
     assert [r.token for r in records.list_records(p)] == [rec.token]
 
 
-def test_stale_tokens_newest_owner_wins(tmp_path: Path) -> None:
-    p = Paths(str(tmp_path))
-    records.ensure_dir(p)
-    t = _table()
-    a = t.all_ids()
-    old = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, [a[0]]))
-    new = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, [a[0]]))
-    other = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, [a[1], a[2]]))
-    recs = records.list_records(p)
-    assert records.stale_tokens(recs, {a[0], a[2]}) == {old.token}
-    assert records.stale_tokens(recs, set()) == {old.token, new.token, other.token}
+def _answer(token: str | None = None, annotation: str | None = None) -> bytes:
+    r = pb.ContainerAllocateResponse()
+    r.envs["NVIDIA_VISIBLE_DEVICES"] = "GPU-x"
+    if token:
+        r.envs[TOKEN_ENV] = token
+    if annotation:
+        r.annotations[TOKEN_ANNOTATION] = annotation
+    return r.SerializeToString()
+
+
+def _checkpoint(path: Path, entries: list[kc.Entry] | None) -> str:
+    path.write_bytes(kc.marshal(entries, {"nvidia.com/gpu": ["a"]}))
+    return str(path)
+
+
+def test_replayable_tokens_are_the_kept_answers_of_our_resource(tmp_path: Path) -> None:
+    t1, t2, t3 = (records.new_token() for _ in range(3))
+    path = _checkpoint(
+        tmp_path / "ck",
+        [
+            kc.Entry("uid-1", "init", "nvidia.com/gpu", {-1: ["a"]}, _answer(t1)),
+            kc.Entry("uid-1", "app", "nvidia.com/gpu", {-1: ["a"]}, _answer(annotation=t2)),
+            kc.Entry("uid-2", "c", "example.com/other", {0: ["b"]}, _answer(t3)),
+            kc.Entry("uid-3", "c", "nvidia.com/gpu", {-1: ["c"]}, None),
+        ],
+    )
+    assert checkpoint.replayable_tokens(path, "nvidia.com/gpu") == {t1, t2}
+    assert checkpoint.replayable_tokens(path, "example.com/other") == {t3}
+    assert checkpoint.replayable_tokens(_checkpoint(tmp_path / "empty", None), "nvidia.com/gpu") == set()
+
+
+@pytest.mark.parametrize("name", ["before-restart", "after-restart", "before-restart2"])
+def test_reads_the_recorded_kubelet_checkpoints(name: str) -> None:
+    """The files the real kubelet wrote (its recording plugin's answers carry no token of ours)."""
+    path = traces.path(f"deviceplugin/kubelet_internal_checkpoint.{name}.json")
+    assert checkpoint.replayable_tokens(str(path), "nvidia.com/gpu") == set()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "does not exist"),
+        (b"{not json", "not JSON"),
+        (b"[]", "no Data object"),
+        (b'{"Data":{"PodDeviceEntries":{}}}', "not a list"),
+        (b'{"Data":{"PodDeviceEntries":[{"PodUID":"x"}]}}', "no ResourceName"),
+        (b'{"Data":{"PodDeviceEntries":[{"ResourceName":"nvidia.com/gpu","AllocResp":"%%"}]}}', "not an Allocate"),
+        (b'{"Data":{"PodDeviceEntries":[{"ResourceName":"nvidia.com/gpu","AllocResp":"/w=="}]}}', "not an Allocate"),
+        (b'{"Data":{"PodDeviceEntries":[{"ResourceName":"nvidia.com/gpu","AllocResp":7}]}}', "not a string"),
+    ],
+)
+def test_an_unusable_checkpoint_is_an_error_never_an_empty_set(
+    tmp_path: Path, content: bytes | None, needle: str
+) -> None:
+    path = tmp_path / "ck"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(checkpoint.CheckpointUnusable, match=needle):
+        checkpoint.replayable_tokens(str(path), "nvidia.com/gpu")
+
+
+def test_an_oversized_checkpoint_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checkpoint, "MAX_BYTES", 100)
+    path = _checkpoint(tmp_path / "ck", [kc.Entry("u", "c", "nvidia.com/gpu", {-1: ["a"]}, _answer("0" * 32))])
+    with pytest.raises(checkpoint.CheckpointUnusable, match="larger than 100 bytes"):
+        checkpoint.replayable_tokens(path, "nvidia.com/gpu")
 
 
 def test_collector_waits_for_grace(tmp_path: Path) -> None:
@@ -63,13 +123,16 @@ def test_collector_waits_for_grace(tmp_path: Path) -> None:
     t = _table()
     a = t.all_ids()
     keep = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, [a[0]]))
-    gone = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, [a[1]]))
+    gone = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, [a[0]]))  # same vGPU: no matter
+    other = records.write_record(p, "example.com/other", False, slice_for(t, [a[1]]))
     c = records.RecordCollector(p, "nvidia.com/gpu", grace_s=10)
     now = gone.created
-    assert c.collect({a[0]}, now=now) == []  # stale, but just seen
-    assert c.collect({a[0]}, now=now + 5) == []
-    assert c.collect({a[0], a[1]}, now=now + 8) == []  # assigned again: the clock restarts
-    assert c.collect({a[0]}, now=now + 12) == []
-    assert c.collect({a[0]}, now=now + 22.5) == [gone.token]
+    kept = {keep.token}
+    assert c.collect(kept, now=now) == []  # stale, but just seen
+    assert c.collect(kept, now=now + 5) == []
+    assert c.collect(kept | {gone.token}, now=now + 8) == []  # kept again: the clock restarts
+    assert c.collect(kept, now=now + 12) == []
+    assert c.collect(kept, now=now + 22.5) == [gone.token]
     assert os.path.exists(p.allocation_record(keep.token))
     assert not os.path.exists(p.allocation_record(gone.token))
+    assert os.path.exists(p.allocation_record(other.token))  # another resource's: not ours to judge

@@ -1,22 +1,29 @@
 """A kubelet stand-in for device plugin tests and the demo.
 
-It behaves towards a device plugin the way kubelet's device manager does
-(k8s pkg/kubelet/cm/devicemanager), over real gRPC on real unix sockets:
+It behaves towards a device plugin the way kubelet v1.36's device manager does
+(pkg/kubelet/cm/devicemanager; file and function cited beside each behaviour), over real gRPC on
+real unix sockets, and it is checked against the recorded kubelet (tests/plugin/test_kubelet_model.py
+replays the K4 traces under tests/data/real-traces/deviceplugin/):
 
-- serves `/v1beta1.Registration/Register` on `<root>/device-plugins/kubelet.sock`;
-  validates the version and the resource name, answers, and only then (in a
-  thread, as kubelet's `go runClient`) dials the plugin's endpoint back, calls
-  `GetDevicePluginOptions` and keeps a `ListAndWatch` stream open;
-- a new registration for a resource replaces the previous endpoint;
-- `admit()` does what kubelet does for one container: free healthy devices,
-  `GetPreferredAllocation` when the plugin offers it, then `Allocate` with
-  exactly one container request, and it remembers the assignment (checkpoint
-  file and PodResources);
-- `restart()` simulates a kubelet restart exactly: connections dropped, every
-  non-directory entry of the device-plugins dir except the checkpoint
-  deleted (plugin sockets included), then kubelet.sock created anew;
-- serves PodResources v1 `List` on `<root>/pod-resources/kubelet.sock` from the
-  assignments made by `admit()` (or set directly with `assign()`/`release()`).
+- registration (plugin/v1beta1/server.go `Register`): validates the version and the resource
+  name, dials the plugin back and asks GetDevicePluginOptions *before* answering (an error there
+  fails the plugin's Register), then keeps a ListAndWatch stream open; a new registration for a
+  resource replaces the old client;
+- the device manager: pods admitted container by container, init containers first
+  (topologymanager/scope.go `admitPolicyNone`), the init containers' devices reused by the app
+  containers (manager.go `Allocate`, `devicesToReuse`), `devicesToAllocate`'s checks and messages,
+  GetPreferredAllocation with must-include IDs, one Allocate per container, the answers kept per
+  pod UID and container (pod_devices.go) and replayed - never asked again - when a container
+  (re)starts (`GetDeviceRunContainerOptions`), PreStartContainer when the plugin asked for it;
+- the checkpoint file `<root>/device-plugins/kubelet_internal_checkpoint` in kubelet's exact
+  format (tests/support/kubelet_checkpoint.py), written when kubelet writes it;
+- a kubelet restart: connections dropped, the checkpoint read back (every resource in it
+  registered with no healthy device: capacity 0 until the plugin is back), plugin sockets
+  deleted, kubelet.sock created anew; `readmit()` then re-admits every pod as the restarted
+  kubelet does (running containers are skipped, the others need a healthy device: an init
+  container's pod is rejected while the plugin is not back); `node_reboot=True` as after a reboot;
+- PodResources v1 `List`, `Get`, `GetAllocatableResources` on `<root>/pod-resources/kubelet.sock`
+  (apis/podresources/server_v1.go): init containers are not listed, one entry per device.
 
 Typical use::
 
@@ -25,8 +32,9 @@ Typical use::
         ep = kubelet.wait_endpoint("nvidia.com/gpu")
         devices = ep.wait_devices(lambda d: len(d) == 4)
         alloc = kubelet.admit("default", "pod-a", "main", count=1)
-        alloc.envs["VGPU_ALLOCATION_TOKEN"]
-        t = kubelet.restart(); reg = kubelet.wait_registration(count=2)
+        allocs = kubelet.admit_pod("default", "pod-b", [ContainerSpec("app", 1)], [ContainerSpec("init", 1)])
+        replayed = kubelet.recreate_sandbox("default", "pod-b")   # same answers, no Allocate
+        t = kubelet.restart(); reg = kubelet.wait_registration(count=2); kubelet.readmit()
 
 All waits take a timeout in seconds and raise TimeoutError when it passes.
 Times (`Registration.at`, `PluginEndpoint.first_list_at`, `restart()`) are
@@ -35,13 +43,13 @@ Times (`Registration.at`, `PluginEndpoint.first_list_at`, `restart()`) are
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,20 +60,30 @@ from device_plugin.api import deviceplugin_pb2 as dp
 from device_plugin.api import deviceplugin_pb2_grpc as dp_grpc
 from device_plugin.api import podresources_pb2 as pr
 from device_plugin.api import podresources_pb2_grpc as pr_grpc
+from tests.support import kubelet_checkpoint as ckpt
 
 __all__ = [
     "CHECKPOINT",
+    "AdmissionError",
     "ContainerAllocation",
+    "ContainerSpec",
     "Device",
     "FakeKubelet",
     "InsufficientDevices",
     "PluginEndpoint",
+    "Readmission",
     "Registration",
+    "Rejection",
 ]
 
 SUPPORTED_VERSIONS = ("v1beta1",)
 CHECKPOINT = "kubelet_internal_checkpoint"
 HEALTHY = "Healthy"
+NO_TOPOLOGY = -1  # manager.go nodeWithoutTopology
+# What the recorded kubelet took from starting its registration server to re-admitting the
+# pods it found (kubelet-log-excerpts.txt: 0.842 s and 0.852 s); a plugin that is registered and
+# has sent its device list by then keeps its init-container pods.
+READMIT_AFTER_S = 0.84
 
 
 @dataclass(frozen=True)
@@ -92,15 +110,26 @@ class Device:
 
 
 @dataclass(frozen=True)
+class ContainerSpec:
+    """A container of a pod: its `limits[resource]` and, for init containers, restartPolicy."""
+
+    name: str
+    devices: int = 0
+    restartable: bool = False  # an init container with restartPolicy: Always (a sidecar)
+
+
+@dataclass(frozen=True)
 class ContainerAllocation:
-    """The Allocate answer for one container, plus the IDs kubelet chose."""
+    """What a container gets from the device manager when it starts (the kept Allocate answer),
+    plus the IDs kubelet chose. `preferred` is GetPreferredAllocation's answer when it was asked
+    for this container now, None otherwise (a replay, or devices reused from an init container)."""
 
     namespace: str
     pod: str
     container: str
     resource_name: str
     device_ids: tuple[str, ...]
-    preferred: tuple[str, ...] | None  # GetPreferredAllocation's answer, None when not asked
+    preferred: tuple[str, ...] | None
     envs: dict[str, str]
     annotations: dict[str, str]
     mounts: list[dp.Mount]
@@ -108,28 +137,98 @@ class ContainerAllocation:
     cdi_devices: list[str]
 
 
-class InsufficientDevices(RuntimeError):
-    """Not enough free healthy devices (kubelet: UnexpectedAdmissionError)."""
+@dataclass(frozen=True)
+class Rejection:
+    """A pod the kubelet refused at admission (its status: Failed, reason UnexpectedAdmissionError)."""
+
+    namespace: str
+    pod: str
+    uid: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Readmission:
+    """What `readmit()` did: pods refused, and the allocations of containers it started."""
+
+    rejected: list[Rejection]
+    started: dict[tuple[str, str], dict[str, ContainerAllocation]]
+
+
+class AdmissionError(RuntimeError):
+    """The device manager refused a container: the pod is rejected (UnexpectedAdmissionError)."""
+
+
+class InsufficientDevices(AdmissionError):
+    """Not enough free healthy devices."""
+
+
+@dataclass
+class _Pod:
+    namespace: str
+    name: str
+    uid: str
+    resource: str
+    init: tuple[ContainerSpec, ...]
+    containers: tuple[ContainerSpec, ...]
+    active: bool = True  # in the kubelet's activePods (not deleted, not failed)
+    running: set[str] = field(default_factory=set)  # the runtime's running containers
+
+
+@dataclass
+class _Alloc:
+    """pod_devices.go deviceAllocateInfo: the devices by NUMA node and the kept answer."""
+
+    devices: dict[int, list[str]]
+    resp: bytes | None
+
+
+def _go_code(code: grpc.StatusCode) -> str:
+    # google.golang.org/grpc/codes Code.String(): "InvalidArgument", "Unknown", "Canceled", ...
+    name = code.name.title().replace("_", "")
+    return "Canceled" if name == "Cancelled" else name
 
 
 class PluginEndpoint:
-    """Kubelet's client connection to one registered plugin."""
+    """Kubelet's client connection to one registered plugin (plugin/v1beta1/client.go).
 
-    def __init__(self, device_plugins_dir: str, reg: Registration) -> None:
+    The constructor is `Connect`: dial (blocking, 10 s) and GetDevicePluginOptions; it raises
+    when either fails. `start()` is `Run`: the ListAndWatch stream in a thread.
+    """
+
+    def __init__(
+        self,
+        device_plugins_dir: str,
+        reg: Registration,
+        on_update: Callable[[PluginEndpoint, dict[str, Device]], None] | None = None,
+        on_end: Callable[[PluginEndpoint], None] | None = None,
+    ) -> None:
         self.registration = reg
         self.socket_path = os.path.join(device_plugins_dir, reg.endpoint)
-        self.options: dp.DevicePluginOptions | None = None
         self.first_list_at: float | None = None
         self.connect_error: str | None = None
         self.updates = 0  # ListAndWatch responses received
         self.stream_ended = threading.Event()
+        self._on_update = on_update
+        self._on_end = on_end
         self._devices: dict[str, Device] = {}
         self._cond = threading.Condition()
-        self._channel: grpc.Channel | None = None
-        self._stub: dp_grpc.DevicePluginStub | None = None
         self._stream: grpc.Future | None = None
         self._closed = False
+        self._channel = grpc.insecure_channel(f"unix://{self.socket_path}")
+        self._stub = dp_grpc.DevicePluginStub(self._channel)
+        try:
+            # client.go dial: grpc.WithBlock, 10 s; then manager.go PluginConnected asks the options.
+            self.options: dp.DevicePluginOptions = self._stub.GetDevicePluginOptions(
+                dp.Empty(), timeout=10, wait_for_ready=True
+            )
+        except grpc.RpcError:
+            self._channel.close()
+            raise
         self._thread = threading.Thread(target=self._run, name=f"endpoint-{reg.endpoint}", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     @property
@@ -138,11 +237,6 @@ class PluginEndpoint:
 
     def _run(self) -> None:
         try:
-            ch = grpc.insecure_channel(f"unix://{self.socket_path}")
-            self._channel = ch
-            self._stub = dp_grpc.DevicePluginStub(ch)
-            # kubelet dials with a blocking 10 s connect, then asks for the options.
-            self.options = self._stub.GetDevicePluginOptions(dp.Empty(), timeout=10, wait_for_ready=True)
             stream = self._stub.ListAndWatch(dp.Empty())
             self._stream = stream
             for resp in stream:
@@ -155,6 +249,8 @@ class PluginEndpoint:
                     self._devices = devs
                     self.updates += 1
                     self._cond.notify_all()
+                if self._on_update is not None and not self._closed:
+                    self._on_update(self, devs)
         except (grpc.RpcError, ValueError) as e:
             if not self._closed:
                 self.connect_error = str(e)
@@ -162,6 +258,8 @@ class PluginEndpoint:
             self.stream_ended.set()
             with self._cond:
                 self._cond.notify_all()
+            if self._on_end is not None and not self._closed:
+                self._on_end(self)
 
     # --- device list --------------------------------------------------------
     def devices(self) -> dict[str, Device]:
@@ -192,43 +290,40 @@ class PluginEndpoint:
     def healthy_ids(self) -> list[str]:
         return [d.id for d in self.devices().values() if d.healthy]
 
-    # --- calls kubelet makes ------------------------------------------------
-    def _require_stub(self) -> dp_grpc.DevicePluginStub:
-        deadline = time.monotonic() + 10
-        while self._stub is None:
-            if self.stream_ended.is_set() or time.monotonic() > deadline:
-                raise ConnectionError(f"not connected to {self.socket_path}: {self.connect_error}")
-            time.sleep(0.01)
-        return self._stub
-
+    # --- calls kubelet makes (endpoint.go) ---------------------------------------
     def preferred(self, available: Iterable[str], size: int, must_include: Iterable[str] = ()) -> list[str]:
         """GetPreferredAllocation for one container (as kubelet sends it)."""
         req = dp.PreferredAllocationRequest()
         req.container_requests.add(
             available_deviceIDs=list(available), must_include_deviceIDs=list(must_include), allocation_size=size
         )
-        resp = self._require_stub().GetPreferredAllocation(req, timeout=10)
-        return list(resp.container_responses[0].deviceIDs)
+        resp = self._stub.GetPreferredAllocation(req, timeout=10)
+        return list(resp.container_responses[0].deviceIDs) if resp.container_responses else []
 
     def allocate(self, device_ids: Iterable[str]) -> dp.ContainerAllocateResponse:
-        """Allocate with exactly one container request; kubelet reads response [0].
+        """Allocate with exactly one container request; kubelet keeps response [0].
 
         A refusal raises grpc.RpcError (code() and details() as the plugin set them).
         """
         req = dp.AllocateRequest()
         req.container_requests.add(devices_ids=list(device_ids))
-        resp = self._require_stub().Allocate(req, timeout=10)
-        if len(resp.container_responses) != 1:
-            raise RuntimeError(f"Allocate answered {len(resp.container_responses)} container responses, want 1")
+        resp = self._stub.Allocate(req, timeout=10)
+        if len(resp.container_responses) == 0:
+            # manager.go allocateContainerResources
+            raise AdmissionError(f"no containers return in allocation response {resp}")
         return resp.container_responses[0]
+
+    def pre_start(self, device_ids: Iterable[str]) -> None:
+        """PreStartContainer (pluginapi.KubeletPreStartContainerRPCTimeoutInSecs = 30)."""
+        self._stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=list(device_ids)), timeout=30)
 
     def close(self) -> None:
         self._closed = True
         if self._stream is not None:
             self._stream.cancel()
-        if self._channel is not None:
-            self._channel.close()
-        self._thread.join(timeout=5)
+        self._channel.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 class _Registration(dp_grpc.RegistrationServicer):
@@ -246,6 +341,20 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
     def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
         self.kubelet.pod_resources_calls += 1
         return self.kubelet._list_pod_resources()
+
+    def Get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
+        res = self.kubelet._get_pod_resources(request.pod_namespace, request.pod_name)
+        if res is None:
+            # server_v1.go Get
+            context.abort(
+                grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
+            )
+        return pr.GetPodResourcesResponse(pod_resources=res)
+
+    def GetAllocatableResources(
+        self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pr.AllocatableResourcesResponse:
+        return self.kubelet._allocatable_resources()
 
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -266,12 +375,6 @@ def _valid_resource_name(name: str) -> bool:
     )
 
 
-@dataclass
-class _Assign:
-    # (namespace, pod) → container → resource → ids
-    pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = field(default_factory=dict)
-
-
 class FakeKubelet:
     """The stand-in. `root` plays /var/lib/kubelet (pass it as --kubelet-dir)."""
 
@@ -279,25 +382,40 @@ class FakeKubelet:
         self.root = Path(root)
         self.device_plugins_dir = str(self.root / "device-plugins")
         self.socket_path = os.path.join(self.device_plugins_dir, "kubelet.sock")
+        self.checkpoint_path = os.path.join(self.device_plugins_dir, CHECKPOINT)
         self.pod_resources_socket = str(self.root / "pod-resources" / "kubelet.sock")
         self.registrations: list[Registration] = []
         self.rejected: list[tuple[dp.RegisterRequest, str]] = []
+        self.rejections: list[Rejection] = []  # pods refused at admission
         self.pod_resources_calls = 0
+        self.checkpoint_writes = 0
         self.socket_created_at = 0.0
         self._with_pod_resources = pod_resources
         self._endpoints: dict[str, PluginEndpoint] = {}
-        self._assign = _Assign()
+        # What the API server holds (survives kubelet restarts): pod UID -> pod, in creation order.
+        self._pods: dict[str, _Pod] = {}
+        # The device manager's memory (lost on restart, rebuilt from the checkpoint).
+        self._pod_devices: dict[str, dict[str, dict[str, _Alloc]]] = {}
+        self._healthy: dict[str, set[str]] = {}
+        self._unhealthy: dict[str, set[str]] = {}
+        self._all_devices: dict[str, dict[str, Device]] = {}
+        self._reuse: dict[str, dict[str, set[str]]] = {}
+        self._sources_ready = True
+        self._preferred_now: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._cond = threading.Condition()
-        self._admit_lock = threading.Lock()
+        self._admit_lock = threading.RLock()
         self._server: grpc.Server | None = None
         self._pr_server: grpc.Server | None = None
+        self._readmit_timer: threading.Timer | None = None
 
     # --- life cycle -----------------------------------------------------------
     def start(self) -> FakeKubelet:
-        """Start as kubelet does: make the dir, clean it, serve kubelet.sock (and PodResources)."""
+        """Start as kubelet does (manager.go `Start`, plugin/v1beta1/server.go `Start`): read the
+        checkpoint, make the dir, remove the plugin sockets in it, serve kubelet.sock (and
+        PodResources)."""
+        self._read_checkpoint()
         os.makedirs(self.device_plugins_dir, mode=0o750, exist_ok=True)
         self._cleanup_plugin_dir()
-        self._write_checkpoint()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet"))
         dp_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
@@ -332,6 +450,9 @@ class FakeKubelet:
             pass
 
     def _stop_registration(self) -> None:
+        if self._readmit_timer is not None:
+            self._readmit_timer.cancel()
+            self._readmit_timer = None
         with self._cond:
             eps = list(self._endpoints.values())
             self._endpoints.clear()
@@ -350,16 +471,35 @@ class FakeKubelet:
         except FileNotFoundError:
             pass
 
-    def restart(self) -> float:
+    def restart(self, *, node_reboot: bool = False, readmit_after_s: float | None = None) -> float:
         """Simulate a kubelet restart; returns the time.monotonic() at which kubelet.sock was created.
 
-        Exactly kubelet's sequence: the old process's connections go away, the
-        new one runs MkdirAll + CleanupPluginDirectory (every non-directory
-        entry but the checkpoint is removed: the plugins' sockets and the old
-        kubelet.sock), then creates and serves kubelet.sock.
+        Exactly kubelet's sequence: the old process's connections go away and its memory with
+        them; the new one reads the checkpoint back (manager.go `readCheckpoint`: the kept
+        answers, and every resource in it registered with no healthy device - capacity 0 until
+        its plugin is back), runs MkdirAll + CleanupPluginDirectory (plugin sockets and the old
+        kubelet.sock removed) and serves kubelet.sock. The pods stay (they are the API server's);
+        after a kubelet restart their running containers still run, after a node reboot
+        (`node_reboot`) none does. Pods are re-admitted by `readmit()` - by the caller, or on a
+        timer `readmit_after_s` after kubelet.sock appears as the real kubelet does
+        (`READMIT_AFTER_S` in the recording).
         """
         self._stop_registration()
+        with self._cond:
+            self._pod_devices.clear()
+            self._healthy.clear()
+            self._unhealthy.clear()
+            self._all_devices.clear()
+            self._reuse.clear()
+            self._sources_ready = False  # config.SourcesReady: not all ready until the pods came in
+            if node_reboot:
+                for p in self._pods.values():
+                    p.running.clear()
         self.start()
+        if readmit_after_s is not None:
+            self._readmit_timer = threading.Timer(readmit_after_s, self.readmit)
+            self._readmit_timer.daemon = True
+            self._readmit_timer.start()
         return self.socket_created_at
 
     def __enter__(self) -> FakeKubelet:
@@ -369,13 +509,19 @@ class FakeKubelet:
         self.stop()
 
     def _cleanup_plugin_dir(self) -> None:
+        # manager.go CleanupPluginDirectory: os.Stat (follows links); directories, non-sockets
+        # and the checkpoint stay; every socket is removed.
         for name in os.listdir(self.device_plugins_dir):
-            if name == CHECKPOINT:
-                continue
             p = os.path.join(self.device_plugins_dir, name)
+            if p == self.checkpoint_path:
+                continue
             try:
-                if stat.S_ISDIR(os.lstat(p).st_mode):
-                    continue
+                mode = os.stat(p).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode) or not stat.S_ISSOCK(mode):
+                continue
+            try:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
@@ -391,11 +537,6 @@ class FakeKubelet:
             )
         elif not _valid_resource_name(request.resource_name):
             err = f'the ResourceName "{request.resource_name}" is invalid'
-        if err is not None:
-            with self._cond:
-                self.rejected.append((request, err))
-                self._cond.notify_all()
-            context.abort(grpc.StatusCode.UNKNOWN, err)
         reg = Registration(
             version=request.version,
             endpoint=request.endpoint,
@@ -404,11 +545,20 @@ class FakeKubelet:
             get_preferred_allocation_available=request.options.get_preferred_allocation_available,
             at=at,
         )
-        threading.Thread(target=self._connect, args=(reg,), daemon=True).start()
-        return dp.Empty()
-
-    def _connect(self, reg: Registration) -> None:
-        ep = PluginEndpoint(self.device_plugins_dir, reg)
+        ep = None
+        if err is None:
+            # server.go Register -> connectClient: the client is registered, dialled and asked
+            # for its options before Register returns (the trace: GetDevicePluginOptions arrives
+            # before the plugin's Register call returns); a failure is the plugin's error.
+            try:
+                ep = PluginEndpoint(self.device_plugins_dir, reg, self._on_devices, self._on_stream_end)
+            except grpc.RpcError as e:
+                err = f"failed to dial device plugin: {e.details() if hasattr(e, 'details') else e}"
+        if err is not None or ep is None:
+            with self._cond:
+                self.rejected.append((request, str(err)))
+                self._cond.notify_all()
+            context.abort(grpc.StatusCode.UNKNOWN, str(err))
         with self._cond:
             old = self._endpoints.get(reg.resource_name)
             self._endpoints[reg.resource_name] = ep
@@ -416,6 +566,31 @@ class FakeKubelet:
             self._cond.notify_all()
         if old is not None:
             old.close()
+        ep.start()  # go runClient: ListAndWatch
+        return dp.Empty()
+
+    def _on_devices(self, ep: PluginEndpoint, devs: dict[str, Device]) -> None:
+        # manager.go genericDeviceUpdateCallback: healthy/unhealthy sets from the list, then
+        # writeCheckpoint.
+        with self._cond:
+            if self._endpoints.get(ep.resource_name) is not ep:
+                return
+            self._all_devices[ep.resource_name] = dict(devs)
+            self._healthy[ep.resource_name] = {i for i, d in devs.items() if d.healthy}
+            self._unhealthy[ep.resource_name] = {i for i, d in devs.items() if not d.healthy}
+        self._write_checkpoint()
+
+    def _on_stream_end(self, ep: PluginEndpoint) -> None:
+        # handler.go runClient -> disconnectClient -> manager.go PluginDisconnected ->
+        # markResourceUnhealthy: every device of the resource unhealthy until the plugin is back.
+        with self._cond:
+            if self._endpoints.get(ep.resource_name) is not ep:
+                return
+            del self._endpoints[ep.resource_name]
+            res = ep.resource_name
+            self._unhealthy[res] = self._unhealthy.get(res, set()) | self._healthy.get(res, set())
+            self._healthy[res] = set()
+            self._cond.notify_all()
 
     def wait_registration(self, count: int = 1, timeout: float = 10.0) -> Registration:
         """Wait until `count` registrations in total were accepted; return the latest."""
@@ -445,15 +620,97 @@ class FakeKubelet:
         ep.wait_devices(timeout=max(0.1, deadline - time.monotonic()))
         return ep
 
-    # --- device manager ------------------------------------------------------------
-    def allocated_ids(self, resource_name: str = "nvidia.com/gpu") -> set[str]:
+    def capacity(self, resource_name: str = "nvidia.com/gpu") -> int | None:
+        """The node's capacity as GetCapacity reports it (healthy + unhealthy), None if unknown."""
         with self._cond:
-            return {
-                d
-                for containers in self._assign.pods.values()
-                for res in containers.values()
-                for d in res.get(resource_name, [])
-            }
+            if resource_name not in self._healthy:
+                return None
+            return len(self._healthy[resource_name]) + len(self._unhealthy.get(resource_name, set()))
+
+    # --- pods ---------------------------------------------------------------------
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        containers: Sequence[ContainerSpec],
+        init_containers: Sequence[ContainerSpec] = (),
+        *,
+        uid: str | None = None,
+        resource_name: str = "nvidia.com/gpu",
+        running: Iterable[str] | None = None,
+    ) -> str:
+        """A pod bound to this node that this kubelet has not admitted (yet): what a restarted
+        kubelet finds. `running`: its containers the runtime runs (default: the app containers
+        and the restartable init containers, as for a pod admitted before). Returns the UID."""
+        pod = _Pod(
+            namespace=namespace,
+            name=name,
+            uid=uid or str(uuid.uuid4()),
+            resource=resource_name,
+            init=tuple(init_containers),
+            containers=tuple(containers),
+        )
+        pod.running = set(running) if running is not None else self._running_after_start(pod)
+        with self._cond:
+            if self._find(namespace, name) is not None:
+                raise ValueError(f"pod {namespace}/{name} exists")
+            self._pods[pod.uid] = pod
+        return pod.uid
+
+    def _settle(self, resource_name: str) -> None:
+        # A stand-in convenience, not kubelet behaviour: a test admits a pod right after the
+        # plugin registered, before its first device list may have arrived; the wait keeps such
+        # tests deterministic (kubelet would just see no healthy device yet).
+        with self._cond:
+            ep = self._endpoints.get(resource_name)
+        if ep is not None:
+            ep.wait_devices(timeout=10)
+
+    @staticmethod
+    def _running_after_start(pod: _Pod) -> set[str]:
+        # Init containers ran to completion; sidecars (restartable init containers) and the
+        # app containers run.
+        return {c.name for c in pod.init if c.restartable} | {c.name for c in pod.containers}
+
+    def _find(self, namespace: str, name: str) -> _Pod | None:
+        for p in self._pods.values():
+            if (p.namespace, p.name) == (namespace, name) and p.active:
+                return p
+        return None
+
+    def _pod(self, namespace: str, name: str) -> _Pod:
+        p = self._find(namespace, name)
+        if p is None:
+            raise KeyError(f"no active pod {namespace}/{name}")
+        return p
+
+    def admit_pod(
+        self,
+        namespace: str,
+        name: str,
+        containers: Sequence[ContainerSpec],
+        init_containers: Sequence[ContainerSpec] = (),
+        *,
+        uid: str | None = None,
+        resource_name: str = "nvidia.com/gpu",
+    ) -> dict[str, ContainerAllocation]:
+        """A new pod, admitted and started as kubelet does: Allocate for every container (init
+        containers first), then each container started in order with its kept answer
+        (PreStartContainer first when the plugin asked for it). Returns container -> allocation
+        for the containers that got devices.
+
+        Raises AdmissionError (the pod is rejected: `rejections`), or grpc.RpcError when the
+        plugin refused (also a rejection)."""
+        with self._admit_lock:  # kubelet admits pods one at a time
+            self._settle(resource_name)
+            pod_uid = self.add_pod(
+                namespace, name, containers, init_containers, uid=uid, resource_name=resource_name, running=()
+            )
+            pod = self._pods[pod_uid]
+            self._admit(pod)
+            out = self._start_containers(pod, [*pod.init, *pod.containers])
+            pod.running = self._running_after_start(pod)
+            return out
 
     def admit(
         self,
@@ -463,94 +720,399 @@ class FakeKubelet:
         count: int = 1,
         resource_name: str = "nvidia.com/gpu",
     ) -> ContainerAllocation:
-        """Admit one container requesting `count` devices, as kubelet's device manager does.
-
-        Raises InsufficientDevices, or grpc.RpcError when the plugin refuses.
-        """
-        with self._admit_lock:  # kubelet admits pods one at a time
-            return self._admit(namespace, pod, container, count, resource_name)
-
-    def _admit(self, namespace: str, pod: str, container: str, count: int, resource_name: str) -> ContainerAllocation:
-        ep = self.wait_endpoint(resource_name)
-        used = self.allocated_ids(resource_name)
-        available = [d for d in sorted(ep.healthy_ids()) if d not in used]
-        if count > len(available):
-            raise InsufficientDevices(f"requested {count} {resource_name}, available {len(available)}")
-        preferred: list[str] | None = None
-        chosen: list[str] = []
-        if ep.options is not None and ep.options.get_preferred_allocation_available:
-            preferred = ep.preferred(available, count)
-            chosen = [d for d in preferred if d in available][:count]
-        for d in available:  # kubelet fills up from the available set when the answer is short
-            if len(chosen) >= count:
-                break
-            if d not in chosen:
-                chosen.append(d)
-        resp = ep.allocate(chosen)
-        self.assign(namespace, pod, container, chosen, resource_name)
-        return ContainerAllocation(
-            namespace=namespace,
-            pod=pod,
-            container=container,
-            resource_name=resource_name,
-            device_ids=tuple(chosen),
-            preferred=tuple(preferred) if preferred is not None else None,
-            envs=dict(resp.envs),
-            annotations=dict(resp.annotations),
-            mounts=list(resp.mounts),
-            devices=list(resp.devices),
-            cdi_devices=[c.name for c in resp.cdi_devices],
-        )
-
-    def assign(
-        self, namespace: str, pod: str, container: str, device_ids: Iterable[str], resource_name: str = "nvidia.com/gpu"
-    ) -> None:
-        """Record devices as assigned to a container (what PodResources will report)."""
-        with self._cond:
-            res = self._assign.pods.setdefault((namespace, pod), {}).setdefault(container, {})
-            res.setdefault(resource_name, []).extend(device_ids)
-        self._write_checkpoint()
+        """Admit a pod whose one (app) container requests `count` devices; a further call for
+        the same pod adds another app container to it. Raises InsufficientDevices, or
+        grpc.RpcError when the plugin refuses."""
+        with self._admit_lock:
+            p = self._find(namespace, pod)
+            if p is None:
+                allocs = self.admit_pod(namespace, pod, [ContainerSpec(container, count)], resource_name=resource_name)
+                return allocs[container]
+            self._settle(resource_name)
+            spec = ContainerSpec(container, count)
+            p.containers = (*p.containers, spec)
+            self._admit(p, [spec])
+            out = self._start_containers(p, [spec])
+            p.running.add(container)
+            return out[container]
 
     def release(self, namespace: str, pod: str) -> None:
-        """The pod is gone: its devices are free and PodResources no longer lists it."""
+        """The pod is deleted: no longer active. As in kubelet, its devices are freed at the next
+        `UpdateAllocatedDevices` (an admission, a PodResources call) and its checkpoint entries
+        go at the next checkpoint write (an allocation, a device list update), not now."""
         with self._cond:
-            self._assign.pods.pop((namespace, pod), None)
-        self._write_checkpoint()
+            p = self._find(namespace, pod)
+            if p is not None:
+                p.active = False
+                p.running.clear()
+
+    def recreate_sandbox(self, namespace: str, name: str) -> dict[str, ContainerAllocation]:
+        """The pod's sandbox died (pause killed, node reboot): kuberuntime SyncPod kills the pod
+        and starts it in a new sandbox, init containers again first. No Allocate: every
+        container gets its kept answer (the same token), after PreStartContainer when asked."""
+        with self._admit_lock:
+            pod = self._pod(namespace, name)
+            pod.running.clear()
+            out = self._start_containers(pod, [*pod.init, *pod.containers])
+            pod.running = self._running_after_start(pod)
+            return out
+
+    def restart_container(self, namespace: str, name: str, container: str) -> ContainerAllocation | None:
+        """One container restarts (crash, liveness): its kept answer again, no Allocate."""
+        with self._admit_lock:
+            pod = self._pod(namespace, name)
+            spec = next(c for c in (*pod.init, *pod.containers) if c.name == container)
+            return self._start_containers(pod, [spec]).get(container)
+
+    def readmit(self) -> Readmission:
+        """What a restarted kubelet does with the pods it finds (kubelet.go HandlePodAdditions ->
+        canAdmitPod -> topologymanager admitPolicyNone -> manager.go Allocate for every
+        container): while the config sources are not all ready, `devicesToAllocate` skips a
+        container the runtime reports running; any other container of a device resource needs
+        the resource's healthy devices - with the plugin not back yet that is "no healthy devices
+        present" and the pod is rejected and its containers stopped. Containers not running are
+        then started with their kept answers (after a node reboot: all of them)."""
+        rejected: list[Rejection] = []
+        started: dict[tuple[str, str], dict[str, ContainerAllocation]] = {}
+        with self._admit_lock:
+            before = len(self.rejections)
+            for pod in [p for p in self._pods.values() if p.active]:
+                try:
+                    self._admit(pod)
+                except (AdmissionError, grpc.RpcError):
+                    continue
+                todo = [c for c in (*pod.init, *pod.containers) if c.name not in pod.running]
+                if todo:
+                    if any(c.name in pod.running for c in pod.containers):
+                        todo = [c for c in todo if c not in pod.init or c.restartable]
+                    started[(pod.namespace, pod.name)] = self._start_containers(pod, todo)
+                    pod.running = self._running_after_start(pod)
+            self._sources_ready = True
+            rejected = self.rejections[before:]
+        return Readmission(rejected=rejected, started=started)
 
     def pods(self) -> dict[tuple[str, str], dict[str, dict[str, list[str]]]]:
-        """A copy of the assignments: (namespace, pod) → container → resource → IDs."""
+        """(namespace, pod) → container → resource → IDs, of the active pods (init containers too)."""
         with self._cond:
-            return {
-                k: {c: {r: list(ids) for r, ids in res.items()} for c, res in v.items()}
-                for k, v in self._assign.pods.items()
-            }
+            out: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+            for p in self._pods.values():
+                if not p.active:
+                    continue
+                out[(p.namespace, p.name)] = {
+                    c: {r: [d for ids in a.devices.values() for d in ids] for r, a in res.items()}
+                    for c, res in self._pod_devices.get(p.uid, {}).items()
+                }
+            return out
 
-    def _list_pod_resources(self) -> pr.ListPodResourcesResponse:
-        resp = pr.ListPodResourcesResponse()
+    def allocated_ids(self, resource_name: str = "nvidia.com/gpu") -> set[str]:
+        """The devices the device manager holds (manager.go allocatedDevices)."""
         with self._cond:
-            for (ns, name), containers in self._assign.pods.items():
-                p = resp.pod_resources.add(name=name, namespace=ns)
-                for cname, res in containers.items():
-                    c = p.containers.add(name=cname)
-                    for rname, ids in res.items():
-                        c.devices.add(resource_name=rname, device_ids=ids)
-        return resp
+            return self._allocated(resource_name)
 
-    def _write_checkpoint(self) -> None:
-        # Same role as kubelet's checkpoint (which survives restarts); the
-        # format here is the stand-in's own: pod → container → resource → IDs.
-        if not os.path.isdir(self.device_plugins_dir):
+    # --- device manager (manager.go) ------------------------------------------------------
+    def _allocated(self, resource: str) -> set[str]:
+        # pod_devices.go devices(): entries with a kept answer
+        return {
+            d
+            for conts in self._pod_devices.values()
+            for res in conts.values()
+            for r, a in res.items()
+            if r == resource and a.resp is not None
+            for ids in a.devices.values()
+            for d in ids
+        }
+
+    def _container_devices(self, uid: str, container: str, resource: str) -> set[str] | None:
+        a = self._pod_devices.get(uid, {}).get(container, {}).get(resource)
+        return None if a is None else {d for ids in a.devices.values() for d in ids}
+
+    def _update_allocated_devices(self) -> None:
+        # manager.go UpdateAllocatedDevices: forget the pods that are no longer active (only
+        # once the sources are ready); the checkpoint changes at the next write.
+        with self._cond:
+            if not self._sources_ready:
+                return
+            for uid in list(self._pod_devices):
+                p = self._pods.get(uid)
+                if p is None or not p.active:
+                    del self._pod_devices[uid]
+
+    def _admit(self, pod: _Pod, only: Sequence[ContainerSpec] | None = None) -> None:
+        """topologymanager/scope.go admitPolicyNone: Allocate for each container, init first;
+        the first error rejects the pod (admission/errors.go: "Allocate failed due to %v, which
+        is unexpected")."""
+        for c in only if only is not None else [*pod.init, *pod.containers]:
+            try:
+                self._allocate(pod, c)
+            except AdmissionError as e:
+                self._reject(pod, str(e))
+                raise
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+                details = e.details() if hasattr(e, "details") else str(e)
+                self._reject(pod, f"rpc error: code = {_go_code(code)} desc = {details}")
+                raise
+
+    def _reject(self, pod: _Pod, err: str) -> None:
+        with self._cond:
+            pod.active = False  # status Failed: out of activePods
+            pod.running.clear()  # "Killing: Stopping container ..."
+            self.rejections.append(
+                Rejection(
+                    pod.namespace,
+                    pod.name,
+                    pod.uid,
+                    "UnexpectedAdmissionError",
+                    f"Allocate failed due to {err}, which is unexpected",
+                )
+            )
+
+    def _allocate(self, pod: _Pod, c: ContainerSpec) -> None:
+        """manager.go Allocate: the devicesToReuse bookkeeping around one container."""
+        with self._cond:
+            self._reuse.setdefault(pod.uid, {})
+            for other in [u for u in self._reuse if u != pod.uid]:
+                del self._reuse[other]
+            reuse = self._reuse[pod.uid]
+        is_init = any(c.name == i.name for i in pod.init)
+        self._allocate_container(pod, c, reuse)
+        with self._cond:
+            mine = self._pod_devices.get(pod.uid, {}).get(c.name, {})
+            for res, a in mine.items():
+                ids = {d for v in a.devices.values() for d in v}
+                if is_init and not c.restartable:
+                    reuse[res] = reuse.get(res, set()) | ids  # addContainerAllocatedResources
+                else:
+                    reuse[res] = reuse.get(res, set()) - ids  # removeContainerAllocatedResources
+
+    def _allocate_container(self, pod: _Pod, c: ContainerSpec, reuse: dict[str, set[str]]) -> None:
+        """manager.go allocateContainerResources for the pod's one device resource."""
+        if c.devices <= 0 or not self._is_device_plugin_resource(pod.resource):
+            return
+        self._update_allocated_devices()
+        res = pod.resource
+        chosen, preferred = self._devices_to_allocate(pod, c, res, c.devices, reuse.get(res, set()))
+        if not chosen:
             return
         with self._cond:
-            data = {
-                "PodDeviceEntries": [
-                    {"PodUID": f"{ns}/{pod}", "ContainerName": c, "ResourceName": r, "DeviceIDs": ids}
-                    for (ns, pod), cs in self._assign.pods.items()
-                    for c, res in cs.items()
-                    for r, ids in res.items()
-                ]
-            }
+            ep = self._endpoints.get(res)
+        if ep is None:
+            raise AdmissionError(f"unknown Device Plugin {res}")
+        resp = ep.allocate(chosen)
+        by_numa: dict[int, list[str]] = {}
+        with self._cond:
+            for d in chosen:
+                dev = self._all_devices.get(res, {}).get(d)
+                for n in dev.numa if dev is not None and dev.numa else (NO_TOPOLOGY,):
+                    by_numa.setdefault(n, []).append(d)
+            self._pod_devices.setdefault(pod.uid, {}).setdefault(c.name, {})[res] = _Alloc(
+                by_numa, resp.SerializeToString(deterministic=True)
+            )
+            self._preferred_now[(pod.uid, c.name)] = preferred
+        self._write_checkpoint()
+
+    def _is_device_plugin_resource(self, res: str) -> bool:
+        # manager.go isDevicePluginResource: registered now, or held by a pod
+        with self._cond:
+            return res in self._healthy or res in self._endpoints or bool(self._allocated(res))
+
+    def _devices_to_allocate(
+        self, pod: _Pod, c: ContainerSpec, res: str, required: int, reusable: set[str]
+    ) -> tuple[list[str], tuple[str, ...] | None]:
+        """manager.go devicesToAllocate: (IDs to Allocate, GetPreferredAllocation's answer)."""
+        with self._cond:
+            needed = required
+            have = self._container_devices(pod.uid, c.name, res)
+            if have is not None:
+                needed -= len(have)
+                if needed != 0:
+                    raise AdmissionError(
+                        f'pod "{pod.uid}" container "{c.name}" changed request for resource "{res}" '
+                        f"from {len(have)} to {required}"
+                    )
+            # kubelet restart (sources not ready) and the container reported running: it
+            # already has its devices, nothing to do.
+            if not self._sources_ready and c.name in pod.running:
+                return [], None
+            if res not in self._healthy:
+                raise AdmissionError(f"cannot allocate unregistered device {res}")
+            healthy = self._healthy[res]
+            if not healthy:
+                raise AdmissionError(f"no healthy devices present; cannot allocate unhealthy devices {res}")
+            if have is not None and not have <= healthy:
+                raise AdmissionError(
+                    f"previously allocated devices are no longer healthy; cannot allocate unhealthy devices {res}"
+                )
+            if needed == 0:
+                return [], None
+            chosen: list[str] = []
+
+            def take(ids: Iterable[str]) -> bool:
+                nonlocal needed
+                for d in ids:
+                    if d in chosen:
+                        continue
+                    chosen.append(d)
+                    needed -= 1
+                    if needed == 0:
+                        return True
+                return False
+
+            if take(sorted(reusable)):  # the init containers' devices first
+                return chosen, None
+            in_use = self._allocated(res) | set(chosen)
+            available = sorted(healthy - in_use)
+            if len(available) < needed:
+                raise InsufficientDevices(
+                    f"requested number of devices unavailable for {res}. Requested: {needed}, "
+                    f"Available: {len(available)}"
+                )
+            ep = self._endpoints.get(res)
+        # No topology hint (TopologyManager policy none): filterByAffinity puts every available
+        # device in `noAffinity`, so the plugin is asked about all of them, with the reused ones
+        # as must-include and the container's whole request as the size.
+        preferred: tuple[str, ...] | None = None
+        if ep is not None and ep.options.get_preferred_allocation_available:
+            preferred = tuple(ep.preferred([*available, *chosen], required, must_include=list(chosen)))
+            if take(d for d in preferred if d in available):
+                return chosen, preferred
+        if take(available):
+            return chosen, preferred
+        raise AdmissionError(
+            f"unexpectedly allocated less resources than required. Requested: {required}, Got: {required - needed}"
+        )
+
+    def _start_containers(self, pod: _Pod, specs: Sequence[ContainerSpec]) -> dict[str, ContainerAllocation]:
+        """Each container as kuberuntime starts it: manager.go GetDeviceRunContainerOptions."""
+        out: dict[str, ContainerAllocation] = {}
+        for c in specs:
+            if c.devices <= 0 or not self._is_device_plugin_resource(pod.resource):
+                continue
+            res = pod.resource
+            with self._cond:
+                ep = self._endpoints.get(res)
+                have = self._container_devices(pod.uid, c.name, res)
+            # callPreStartContainerIfNeeded: only when the plugin asked; a resource restored from
+            # the checkpoint whose plugin is not back has no options (stopped endpoint): skipped.
+            if ep is not None and ep.options.pre_start_required:
+                if have is None:
+                    raise AdmissionError(
+                        f"no devices found allocated in local cache for pod {pod.uid}, container {c.name}, "
+                        f"resource {res}"
+                    )
+                ep.pre_start(sorted(have))
+            if have is None and pod.active:
+                # "likely due to a race during node restart. We re-issue allocate request"
+                self._allocate(pod, c)
+            with self._cond:
+                a = self._pod_devices.get(pod.uid, {}).get(c.name, {}).get(res)
+                preferred = self._preferred_now.pop((pod.uid, c.name), None)
+            if a is None or a.resp is None:
+                continue
+            resp = dp.ContainerAllocateResponse.FromString(a.resp)
+            out[c.name] = ContainerAllocation(
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=c.name,
+                resource_name=res,
+                device_ids=tuple(d for ids in a.devices.values() for d in ids),
+                preferred=preferred,
+                envs=dict(resp.envs),
+                annotations=dict(resp.annotations),
+                mounts=list(resp.mounts),
+                devices=list(resp.devices),
+                cdi_devices=[x.name for x in resp.cdi_devices],
+            )
+        return out
+
+    # --- checkpoint -------------------------------------------------------------------
+    def _write_checkpoint(self) -> None:
+        # manager.go writeCheckpoint: every kept answer (pod_devices.go toCheckpointData skips
+        # entries without one) and the healthy devices per resource.
+        with self._cond:
+            entries = [
+                ckpt.Entry(uid, c, r, {k: list(v) for k, v in a.devices.items()}, a.resp)
+                for uid, conts in self._pod_devices.items()
+                for c, res in conts.items()
+                for r, a in res.items()
+                if a.resp is not None
+            ]
+            registered: dict[str, list[str] | None] = {r: sorted(ids) for r, ids in self._healthy.items()}
+            blob = ckpt.marshal(entries or None, registered)
+            self.checkpoint_writes += 1
+        if not os.path.isdir(self.device_plugins_dir):
+            return
         tmp = os.path.join(self.device_plugins_dir, f".{CHECKPOINT}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, os.path.join(self.device_plugins_dir, CHECKPOINT))
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, self.checkpoint_path)
+
+    def _read_checkpoint(self) -> None:
+        # manager.go readCheckpoint: not found -> nothing; corrupt -> "Continue after failing to
+        # read checkpoint file" (nothing restored).
+        try:
+            with open(self.checkpoint_path, "rb") as f:
+                entries, registered = ckpt.unmarshal(f.read())
+        except (FileNotFoundError, ValueError):
+            return
+        with self._cond:
+            for e in entries or []:
+                self._pod_devices.setdefault(e.pod_uid, {}).setdefault(e.container, {})[e.resource] = _Alloc(
+                    {k: list(v or []) for k, v in (e.device_ids or {}).items()}, e.alloc_resp
+                )
+            for r in registered or {}:
+                self._healthy[r] = set()
+                self._unhealthy[r] = set()
+
+    # --- PodResources v1 (apis/podresources/server_v1.go) -----------------------------------
+    def _container_resources(self, pod: _Pod, c: ContainerSpec) -> pr.ContainerResources:
+        cr = pr.ContainerResources(name=c.name)
+        # container_manager.go containerDevicesFromResourceDeviceInstances: one entry per device
+        # (and per NUMA node of it)
+        for r, a in self._pod_devices.get(pod.uid, {}).get(c.name, {}).items():
+            for numa, ids in a.devices.items():
+                for d in ids:
+                    if numa == NO_TOPOLOGY:
+                        cr.devices.add(resource_name=r, device_ids=[d])
+                    else:
+                        cr.devices.add(
+                            resource_name=r, device_ids=[d], topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=numa)])
+                        )
+        return cr
+
+    def _pod_resources(self, pod: _Pod) -> pr.PodResources:
+        p = pr.PodResources(name=pod.name, namespace=pod.namespace)
+        # init containers only when restartable (sidecars), then the app containers
+        for c in [*(i for i in pod.init if i.restartable), *pod.containers]:
+            p.containers.append(self._container_resources(pod, c))
+        return p
+
+    def _list_pod_resources(self) -> pr.ListPodResourcesResponse:
+        self._update_allocated_devices()
+        resp = pr.ListPodResourcesResponse()
+        with self._cond:
+            for pod in self._pods.values():
+                if pod.active:
+                    resp.pod_resources.append(self._pod_resources(pod))
+        return resp
+
+    def _get_pod_resources(self, namespace: str, name: str) -> pr.PodResources | None:
+        with self._cond:
+            pod = self._find(namespace, name)
+            return None if pod is None else self._pod_resources(pod)
+
+    def _allocatable_resources(self) -> pr.AllocatableResourcesResponse:
+        # manager.go GetAllocatableDevices: the healthy devices, one entry each
+        resp = pr.AllocatableResourcesResponse()
+        with self._cond:
+            for r, ids in self._healthy.items():
+                for d in sorted(ids):
+                    dev = self._all_devices.get(r, {}).get(d)
+                    if dev is not None and dev.numa:
+                        for n in dev.numa:
+                            resp.devices.add(
+                                resource_name=r, device_ids=[d], topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=n)])
+                            )
+                    else:
+                        resp.devices.add(resource_name=r, device_ids=[d])
+        return resp

@@ -47,6 +47,19 @@ struct nvml_dev {
     int vis;   /* NVML index (FAKEGPU_VISIBLE_DEVICES order), -1 if not visible */
 };
 
+/* An entry point the simulation does not implement (nvml_stubs.c, generated from
+ * tests/fakegpu/nvml-entry-points.txt): exported, answers NVML_ERROR_NOT_SUPPORTED, as the real
+ * library does for a feature the GPU lacks.  Weak, so the definition in nvml_*.c wins at link time
+ * where there is one.  The arguments are never read: in the SysV x86-64 and AArch64 calling
+ * conventions the caller owns them, so one body serves every signature returning nvmlReturn_t
+ * (all of NVML but nvmlErrorString, which nvml_core.c defines). */
+#define FG_NVML_STUB(name)                                                                         \
+    FG_API __attribute__((weak)) nvmlReturn_t name(void);                                          \
+    nvmlReturn_t name(void)                                                                        \
+    {                                                                                              \
+        return NVML_ERROR_NOT_SUPPORTED;                                                           \
+    }
+
 /* nvml_core.c */
 nvmlReturn_t fg_nvml_check(void);
 /* Validates a handle: 0 with *idx set, else an NVML error.  dynamic: fails on a lost GPU. */

@@ -290,6 +290,46 @@ FG_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsi
     return NVML_SUCCESS;
 }
 
+/* The simulated GPUs are MIG-capable GPUs with MIG disabled (nvmlDeviceGetMigMode above), so the
+ * MIG queries answer as the real driver does then.  nvml.h: nvmlDeviceGetMaxMigDeviceCount
+ * "Returns zero if MIG is not supported or enabled" (NVML_SUCCESS); go-nvlib's VisitMigDevices
+ * (pkg/nvlib/device/device.go) calls it on every MIG-capable device and fails on any other code. */
+FG_API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
+{
+    int i;
+    nvmlReturn_t rc = fg_nvml_dev(d, 0, &i);
+    if (rc)
+        return rc;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+/* Every handle the simulation gives out is a full GPU, never a MIG device. */
+FG_API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig)
+{
+    int i;
+    nvmlReturn_t rc = fg_nvml_dev(d, 0, &i);
+    if (rc)
+        return rc;
+    if (!is_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *is_mig = 0;
+    return NVML_SUCCESS;
+}
+
+/* No MIG device exists, so no MIG handle can be passed: the real driver's answer to a full GPU. */
+FG_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *out)
+{
+    int i;
+    (void)index;
+    nvmlReturn_t rc = fg_nvml_dev(d, 0, &i);
+    if (rc)
+        return rc;
+    return out ? NVML_ERROR_NOT_FOUND : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 /* nvmlPciInfo_t (v3): busIdLegacy[16], domain, bus, device, pciDeviceId, pciSubSystemId, busId[32] */
 typedef struct {
     char busIdLegacy[16];

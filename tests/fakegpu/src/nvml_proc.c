@@ -144,6 +144,33 @@ FG_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, u
     return no_procs(d, count);
 }
 
+/* The older versions the real library still exports (nvml.h's "backwards compatibility" block):
+ * v1 fills nvmlProcessInfo_v1_t, v2 nvmlProcessInfo_v2_t; with no graphics or MPS process on the
+ * simulated GPU every version answers an empty list. */
+FG_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned *count, void *infos)
+{
+    (void)infos;
+    return no_procs(d, count);
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t d, unsigned *count, void *infos)
+{
+    (void)infos;
+    return no_procs(d, count);
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned *count, void *infos)
+{
+    (void)infos;
+    return no_procs(d, count);
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t d, unsigned *count, void *infos)
+{
+    (void)infos;
+    return no_procs(d, count);
+}
+
 /* --- utilisation ------------------------------------------------------------------------ */
 
 #define MAX_SAMPLES (FG_MAX_SLOTS * FG_RING)
