@@ -12,7 +12,7 @@ case "${1:-}" in
   image) need="mmdebstrap util-linux binutils ca-certificates" ;;
   # Everything `make test`'s suites start for real (containerd, runc, podman, a debootstrap'd root,
   # the packages' tools, the image build): nothing may be skipped for a missing package.
-  test) need="build-essential python3-venv python3-dev binutils runc containerd busybox-static
+  test) need="build-essential python3-venv python3-dev python3-yaml binutils runc containerd busybox-static
               debootstrap mmdebstrap rpm lintian systemd podman iproute2 procps psmisc util-linux
               ca-certificates" ;;
   *) echo "usage: $0 demo|deb|rpm|test|image" >&2; exit 2 ;;
