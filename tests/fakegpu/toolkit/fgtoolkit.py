@@ -230,10 +230,28 @@ def common_edits(fg: dict[str, Any]) -> dict[str, Any]:
     return {"env": env, "deviceNodes": [_node("/dev/nvidiactl")], "mounts": mounts}
 
 
+def _sorted_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """pkg/nvcdi/spec/builder.go: every spec nvcdi builds goes through transform.NewSimplifier,
+    whose sorter orders devices by name and each edits' device nodes and mounts by the number of
+    `/` in the (container) path, then the path (pkg/nvcdi/transform/sorter.go)."""
+
+    def by_path(key: str) -> Any:
+        return lambda e: (os.path.normpath(e[key]).count("/"), e[key])
+
+    for edits in [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]:
+        if edits.get("deviceNodes"):
+            edits["deviceNodes"] = sorted(edits["deviceNodes"], key=by_path("path"))
+        if edits.get("mounts"):
+            edits["mounts"] = sorted(edits["mounts"], key=by_path("containerPath"))
+    spec["devices"] = sorted(spec["devices"], key=lambda d: d["name"])
+    return spec
+
+
 def generate_spec(fg: dict[str, Any], kind: str = DEFAULT_KIND) -> dict[str, Any]:
-    """The CDI spec of the simulated GPUs, as `nvidia-ctk cdi generate` lays it out: one device
-    per index and per UUID, then `all` (cmd/nvidia-ctk/cdi/generate; recorded:
-    tests/data/real-traces/nvidia-toolkit/cdi-spec/nvidia.com-gpu.json), and the common edits."""
+    """The CDI spec of the simulated GPUs as `nvidia-ctk cdi generate` makes it: each GPU by index
+    and by UUID, then `all`, sorted by name (recorded with one GPU:
+    tests/data/real-traces/nvidia-toolkit/cdi-spec/nvidia.com-gpu.json; with two, the real
+    generator on the simulated NVML wrote 0, 1, GPU-.., GPU-.., all), and the common edits."""
     gpus = fakegpu_devices(fg["config"])
     devices = []
     for g in gpus:
@@ -243,7 +261,7 @@ def generate_spec(fg: dict[str, Any], kind: str = DEFAULT_KIND) -> dict[str, Any
     devices.append(
         {"name": "all", "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}") for g in gpus]}}
     )
-    return {"cdiVersion": "0.5.0", "kind": kind, "devices": devices, "containerEdits": common_edits(fg)}
+    return _sorted_spec({"cdiVersion": "0.5.0", "kind": kind, "devices": devices, "containerEdits": common_edits(fg)})
 
 
 def jit_spec(fg: dict[str, Any], ids: list[str]) -> dict[str, Any]:
@@ -255,8 +273,8 @@ def jit_spec(fg: dict[str, Any], ids: list[str]) -> dict[str, Any]:
     devices: list[dict[str, Any]] = []
     for i in ids or ["all"]:
         if i == "none":
-            return {"cdiVersion": "0.5.0", "kind": JIT_KIND, "devices": [{"name": "none", "containerEdits": {}}],
-                    "containerEdits": common_edits(fg)}  # fmt: skip
+            devices = [{"name": "none", "containerEdits": {}}]
+            break
         if i == "all":
             devices = [{"name": str(g["index"]), "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}")]}}
                        for g in gpus]  # fmt: skip
@@ -268,7 +286,9 @@ def jit_spec(fg: dict[str, Any], ids: list[str]) -> dict[str, Any]:
                 f"failed to get device handle from UUID: ERROR_NOT_FOUND ({i})"
             )
         devices.append({"name": g["uuid"], "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}")]}})
-    return {"cdiVersion": "0.5.0", "kind": JIT_KIND, "devices": devices, "containerEdits": common_edits(fg)}
+    return _sorted_spec(
+        {"cdiVersion": "0.5.0", "kind": JIT_KIND, "devices": devices, "containerEdits": common_edits(fg)}
+    )
 
 
 # ---- CDI names (cdi/pkg/parser/parser.go) ----------------------------------------------------
@@ -913,8 +933,14 @@ def hook_devices(spec: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     devices = image.visible_devices()
     if not devices:
         return []
-    if not cfg["skip_mode_detection"] and resolve_mode(cfg["mode"], image, "legacy", logger) != "legacy":
-        raise ToolkitError(HOOK_MODE_ERROR)
+    if not cfg["skip_mode_detection"]:
+        mode = resolve_mode(cfg["mode"], image, "legacy", logger)
+        # main.go: logInterceptor.Infof is log.Printf - the resolver's info line goes to stderr
+        for level, msg in logger.lines:
+            if level == "info":
+                print(msg, file=sys.stderr)
+        if mode != "legacy":
+            raise ToolkitError(HOOK_MODE_ERROR)
     return devices
 
 
