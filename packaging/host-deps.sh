@@ -13,7 +13,7 @@ case "${1:-}" in
   # Everything `make test`'s suites start for real (containerd, runc, podman, a debootstrap'd root,
   # the packages' tools, the image build): nothing may be skipped for a missing package.
   # prometheus: the real Prometheus and promtool the metrics and alert tests start themselves.
-  test) need="build-essential python3-venv python3-dev binutils runc containerd busybox-static
+  test) need="build-essential python3-venv python3-dev python3-yaml binutils runc containerd busybox-static
               debootstrap mmdebstrap rpm lintian systemd podman iproute2 procps psmisc util-linux
               ca-certificates prometheus" ;;
   *) echo "usage: $0 demo|deb|rpm|test|image" >&2; exit 2 ;;

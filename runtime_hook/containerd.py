@@ -173,6 +173,29 @@ def default_spec(source: str | None, root: Root | None = None) -> dict[str, Any]
     return spec
 
 
+def without_default_security(spec: dict[str, Any]) -> dict[str, Any]:
+    """containerd's default spec as CRI uses it for a handler WITHOUT base_runtime_spec.
+
+    CRI starts such a container from the same default spec `ctr oci spec` prints, then clears
+    its default rlimits (RLIMIT_NOFILE 1024), AppArmor profile and seccomp
+    (pkg/cri/opts/spec_opts.go@v1.7.34 and internal/cri/opts/spec_opts.go@v2.3.4:
+    WithoutDefaultSecuritySettings) - but only when the handler has no base_runtime_spec
+    (container_create_linux.go: "Admins can use this functionality to define default ulimits").
+    Our base spec exists only to carry the hooks, so it must not bring those defaults back: a
+    vGPU container's spec equals a plain container's but for our hooks and annotations
+    (recorded: containerd-cri/cri-handler-runc-base.config.json has RLIMIT_NOFILE 1024/1024, the
+    handler without a base spec none)."""
+    spec = json.loads(json.dumps(spec))
+    proc = spec.get("process")
+    if isinstance(proc, dict):
+        proc.pop("rlimits", None)
+        proc.pop("apparmorProfile", None)
+    linux = spec.get("linux")
+    if isinstance(linux, dict):
+        linux.pop("seccomp", None)
+    return spec
+
+
 def with_hooks(spec: dict[str, Any], entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     spec = json.loads(json.dumps(spec))
     hooks = spec.setdefault("hooks", {})
@@ -220,28 +243,62 @@ def choose_handler(facts: nodetype.NodeFacts, nvidia_runtime: str | None, withou
         table.setdefault("runtime_type", "io.containerd.runc.v2")
         binary = nv.binary_name
         tk = facts.toolkit
-        if facts.node_type == "N3":
-            if facts.legacy_binary:
-                # The runtime runs in `cdi` mode: a bare NVIDIA_VISIBLE_DEVICES=<uuid> (our device
-                # plugin's envvar strategy) would become `<default-kind>=<uuid>`, which the
-                # management spec does not have ("unresolvable CDI devices", HAMi #1106).  The
-                # `.legacy` binary is the same runtime with the mode forced to legacy.
-                binary = facts.legacy_binary
-                table.setdefault("options", {})["BinaryName"] = binary
-                notes.append(f"NVIDIA runtime in cdi mode: using its legacy-mode sibling {binary}")
-            else:
-                kind = tk.default_kind if tk else "nvidia.com/gpu"
-                notes.append(
-                    f"NVIDIA runtime in cdi mode and no .legacy binary: GPUs must be requested as CDI "
-                    f"devices - run the device plugin with --device-list-strategy=cdi-annotations "
-                    f"(or cdi-cri) and CDI specs of kind {kind} naming GPUs by UUID"
-                )
+        if nodetype.runtime_mode(binary, tk) == "cdi":
+            binary, note = _cdi_mode_binary(facts, binary)
+            table.setdefault("options", {})["BinaryName"] = binary
+            notes.append(note)
         return Choice(table, nv.name, binary, notes)
     if not without:
         raise InstallError(NO_NVIDIA.format(where=", ".join(facts.files) or facts.containerd_config))
     opts = runc.table.get("options") if runc is not None else None
     table = {"runtime_type": "io.containerd.runc.v2", "options": json.loads(json.dumps(opts or {}))}
     return Choice(table, "runc" if runc else "", "", ["--without-nvidia-runtime: containers get no GPU from us"])
+
+
+def uuid_named_kinds(facts: nodetype.NodeFacts) -> set[str]:
+    """Kinds of the node's CDI specs that name GPUs by UUID (`nvidia-ctk cdi generate` names each
+    GPU by index and by UUID; the installer's management spec has only `all`)."""
+    return {c.kind for c in facts.cdi_specs if any(d.startswith(("GPU-", "MIG-")) for d in c.devices)}
+
+
+def _cdi_mode_binary(facts: nodetype.NodeFacts, binary: str) -> tuple[str, str]:
+    """The BinaryName for a handler whose NVIDIA runtime runs in cdi mode, and why.
+
+    In cdi mode the device plugin's NVIDIA_VISIBLE_DEVICES=<uuid> becomes `<default-kind>=<uuid>`
+    (modifier/cdi.go@v1.20.0: cdiDeviceRequestor), which resolves only where a CDI spec of that
+    kind names the GPUs by UUID.  The `.legacy` sibling is the same runtime with the mode forced
+    to legacy, but its prestart hook reads the same config and refuses a container unless the
+    mode resolves to legacy or `skip-mode-detection = true` (hook_config.go: assertModeIsLegacy),
+    which only the GPU Operator's installer sets - a host toolkit's `nvidia-ctk config default`
+    leaves it false.  So `.legacy` only where its hook accepts; else the runtime stays in cdi
+    mode and the GPUs must be named so the CDI path finds them (our hook stays: the runtime
+    removes only NVIDIA's own prestart hooks, modifier/hook_remover.go)."""
+    tk = facts.toolkit
+    kind = tk.default_kind if tk is not None else "nvidia.com/gpu"
+    if facts.legacy_binary and tk is not None and tk.legacy_hook_accepts():
+        return facts.legacy_binary, (
+            f"NVIDIA runtime in cdi mode: using its legacy-mode sibling {facts.legacy_binary} "
+            f"(its hook accepts: skip-mode-detection = true in {tk.path})"
+        )
+    why = (
+        f"{facts.legacy_binary} is not used: its hook refuses in cdi mode (skip-mode-detection = false in "
+        f"{tk.path if tk else 'the toolkit config'}); "
+        if facts.legacy_binary
+        else "no .legacy runtime; "
+    )
+    if kind in uuid_named_kinds(facts):
+        how = (
+            f"the device plugin's envvar strategy works (NVIDIA_VISIBLE_DEVICES=<uuid> becomes {kind}=<uuid>, "
+            f"which a CDI spec defines), as do cdi-annotations and cdi-cri with kind {kind}"
+        )
+    else:
+        how = (
+            f"no CDI spec of kind {kind} names GPUs by UUID, so NVIDIA_VISIBLE_DEVICES=<uuid> cannot resolve: "
+            f"generate one (nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml) or run the device plugin "
+            f'with device_list_strategy = ["cdi-annotations"] (or cdi-cri) and cdi_kind naming a kind whose '
+            f"spec has the GPUs by UUID"
+        )
+    return binary, f"NVIDIA runtime in cdi mode, kept ({why}{how})"
 
 
 def vgpu_table(choice: Choice, base_spec: str, facts: nodetype.NodeFacts) -> dict[str, Any]:
@@ -360,8 +417,8 @@ def dropin_v3(handler: str, table: dict[str, Any], make_default: bool) -> str:
 
 def ensure_import(text: str, pattern: str) -> str:
     doc = tomlkit.parse(text)
-    if doc.get("version", 1) != 3:
-        raise InstallError("containerd 2.x needs config `version = 3` (run `containerd config migrate`)")
+    if doc.get("version", 1) not in (3, 4):
+        raise InstallError("containerd 2.x needs config `version = 3` or 4 (run `containerd config migrate`)")
     imports = doc.get("imports")
     if imports is None:
         arr = tomlkit.array()
@@ -517,6 +574,13 @@ def plan_install(args: argparse.Namespace, cfg: Any) -> tuple[Plan, dict[str, An
     entries = hook_entries(
         python, gargs, args.hook_timeout, None if args.no_shell_filter else state_dir, args.hook_path
     )
+    if facts.cri_error and not args.default:
+        # Nothing we add makes the CRI plugin load (only --default, naming our handler, would):
+        # saying "configured" would leave a node whose kubelet cannot start any pod.
+        raise InstallError(
+            f"containerd's CRI plugin will not load with this configuration: {facts.cri_error}. "
+            f"{nodetype.cri_fix(facts)}; then re-run this command"
+        )
     choice = choose_handler(facts, args.nvidia_runtime, args.without_nvidia_runtime)
     source = args.base_spec_source
     start_spec: dict[str, Any] | None = None
@@ -529,7 +593,11 @@ def plan_install(args: argparse.Namespace, cfg: Any) -> tuple[Plan, dict[str, An
                 start_spec = json.loads(text)
             except ValueError:
                 raise InstallError(f"base_runtime_spec {theirs} of handler `{choice.source}` is not JSON") from None
-    spec = with_hooks(start_spec if isinstance(start_spec, dict) else default_spec(source, root), entries)
+    if isinstance(start_spec, dict):
+        base = start_spec  # the copied handler's own base spec: its defaults are the admin's choice
+    else:
+        base = without_default_security(default_spec(source, root))
+    spec = with_hooks(base, entries)
     table = vgpu_table(choice, base_spec, facts)
     plan = Plan(root, facts)
     plan.choice = choice

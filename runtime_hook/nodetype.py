@@ -6,9 +6,11 @@ reads, CDI state and specs, and the node type:
 
 - `N1-legacy`   host toolkit, `nvidia` handler, legacy mode (toolkit <= 1.17 `auto`, or `legacy`)
 - `N1-jit-cdi`  host toolkit >= 1.18 in `auto`/`jit-cdi` mode (builds CDI edits in memory)
-- `N2`          GPU Operator < 25.10: toolkit under /usr/local/nvidia/toolkit, `nvidia` default
-- `N3`          CDI first: the NVIDIA runtime runs in `cdi` mode (GPU Operator >= 25.10:
-                `runc` default, `enable_cdi`, default kind `management.nvidia.com/gpu`)
+- `N1-cdi`      host toolkit in `cdi` mode (`nvidia-ctk config` with mode = "cdi"; usually
+                `nvidia-ctk runtime configure --cdi.enabled` and `nvidia-ctk cdi generate`)
+- `N2`          the GPU Operator's toolkit (wrappers under /usr/local/nvidia/toolkit) in `auto` mode
+- `N3`          the GPU Operator's toolkit in `cdi` mode (its installer also sets
+                `nvidia-container-runtime-hook.skip-mode-detection = true`)
 - `none`        no NVIDIA runtime handler
 
 Installer side only (`vgpu-hook containerd ...`, `vgpuctl doctor`): msgspec and tomllib are
@@ -52,6 +54,7 @@ except ImportError:  # Python 3.10: tomlkit (a dependency of the installer alrea
 V1_CRI = "cri"
 V2_CRI = "io.containerd.grpc.v1.cri"
 V3_RUNTIME = "io.containerd.cri.v1.runtime"
+CONFIG_VERSIONS = (1, 2, 3, 4)  # 4: containerd >= 2.3 (version/version.go: ConfigVersion)
 OPERATOR_TOOLKIT = "/usr/local/nvidia/toolkit"
 HOST_TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 OPERATOR_TOOLKIT_CONFIG = OPERATOR_TOOLKIT + "/.config/nvidia-container-runtime/config.toml"
@@ -59,7 +62,7 @@ NVIDIA_BINARIES = ("nvidia-container-runtime", "nvidia-container-toolkit")
 DEFAULT_CDI_DIRS = ["/etc/cdi", "/var/run/cdi"]
 MAX_FILE = 4 << 20  # configs, wrappers and CDI specs larger than this are not read
 
-NodeType = Literal["N1-legacy", "N1-jit-cdi", "N2", "N3", "none"]
+NodeType = Literal["N1-legacy", "N1-jit-cdi", "N1-cdi", "N2", "N3", "none"]
 
 
 class DetectError(Exception):
@@ -92,6 +95,16 @@ class ToolkitConfig(msgspec.Struct, kw_only=True):
     spec_dirs: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_CDI_DIRS))
     accept_envvar_unprivileged: bool = True
     accept_volume_mounts: bool = False
+    swarm_resource: str = ""  # env vars preferred over NVIDIA_VISIBLE_DEVICES ("" = none)
+    skip_mode_detection: bool = False  # [nvidia-container-runtime-hook] skip-mode-detection
+
+    def legacy_hook_accepts(self) -> bool:
+        """Whether NVIDIA's legacy hook, reading this config, sets a GPU up for a container that
+        names it by UUID (hook_config.go@v1.20.0: assertModeIsLegacy): with skip-mode-detection,
+        or when the mode resolves to legacy - `legacy`, or `auto` (the hook's default is legacy;
+        auto is cdi only when every request is a CDI name).  In `cdi` or `jit-cdi` mode it
+        refuses: "invoking the NVIDIA Container Runtime Hook directly ... is not supported"."""
+        return self.skip_mode_detection or self.mode in ("legacy", "auto")
 
 
 class CDISpec(msgspec.Struct, kw_only=True):
@@ -118,6 +131,7 @@ class NodeFacts(msgspec.Struct, kw_only=True):
     handlers: list[Handler] = msgspec.field(default_factory=list)
     nvidia_handler: str = ""  # the handler install copies ("" = none)
     legacy_binary: str = ""  # `<BinaryName>.legacy` when it exists
+    cri_error: str = ""  # why containerd's CRI plugin will not load with this config ("" = it loads)
     toolkit: ToolkitConfig | None = None
     toolkit_version: str = ""
     cdi_enabled: bool = False
@@ -203,8 +217,12 @@ class Root:
         return [host_exe, *args] if self.is_host else ["chroot", self.root, host_exe, *args]
 
     def run(self, host_exe: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str] | None:
+        # cwd /: as the daemon runs (systemd), so that `config dump` resolves a relative import
+        # as containerd itself does (1.6 globs it from the working directory).
         try:
-            return subprocess.run(self.command(host_exe, *args), capture_output=True, text=True, timeout=timeout)
+            return subprocess.run(
+                self.command(host_exe, *args), capture_output=True, text=True, timeout=timeout, cwd="/"
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
 
@@ -213,7 +231,84 @@ class Root:
 
 
 def cri_plugin_name(config_version: int) -> str:
-    return {1: V1_CRI, 3: V3_RUNTIME}.get(config_version, V2_CRI)
+    return {1: V1_CRI, 3: V3_RUNTIME, 4: V3_RUNTIME}.get(config_version, V2_CRI)
+
+
+# containerd 2.x migrates every file older than its config version before merging it
+# (cmd/containerd/server/config/config.go@v2.3.4: LoadConfigWithPlugins, MigrateConfigTo): version
+# 1 plugin names become URIs (v1MigratePluginName), and the CRI runtime plugin takes what it
+# owns from a version 2 `io.containerd.grpc.v1.cri` section (plugins/cri/runtime/plugin.go:
+# configMigration, migrateConfig) - so a toolkit's version 2 drop-in is merged into 2.x's
+# `io.containerd.cri.v1.runtime` (recorded: containerd2/merge/dump.main+version2-syntax-dropin.toml).
+_V1_PLUGIN_NAMES = {"cri": V2_CRI}
+_NOT_RUNTIME = {
+    "cni", "containerd", "sandbox_image", "registry", "image_decryption", "max_concurrent_downloads",
+    "image_pull_progress_timeout", "image_pull_with_sync_fs", "stats_collect_period", "disable_tcp_service",
+    "stream_server_address", "stream_server_port", "stream_idle_timeout", "enable_tls_streaming",
+    "x509_key_pair_streaming",
+}  # fmt: skip
+_NOT_RUNTIME_CTD = {"snapshotter", "disable_snapshot_annotations", "discard_unpacked_layers"}
+
+
+def migrate_to_v3(doc: dict[str, Any]) -> dict[str, Any]:
+    """A parsed config file of version 1 or 2 as containerd 2.x merges it (a copy)."""
+    doc = copy.deepcopy(doc)
+    version = doc.get("version", 1)
+    plugins = doc.get("plugins")
+    if not isinstance(plugins, dict) or not isinstance(version, int) or version >= 3:
+        return doc
+    if version <= 1:
+        plugins = {_V1_PLUGIN_NAMES.get(k, k): v for k, v in plugins.items()}
+        doc["plugins"] = plugins
+    src = plugins.get(V2_CRI)
+    if not isinstance(src, dict):
+        return doc
+    dst = plugins.get(V3_RUNTIME)
+    if not isinstance(dst, dict):
+        dst = plugins[V3_RUNTIME] = {}
+    for k, v in src.items():
+        if k not in _NOT_RUNTIME and k not in dst:
+            dst[k] = copy.deepcopy(v)
+    cni = src.get("cni")
+    if isinstance(cni, dict):
+        new_cni = dst.setdefault("cni", {})
+        for k, v in cni.items():
+            if k == "bin_dir":
+                if not new_cni.get("bin_dirs"):
+                    new_cni["bin_dirs"] = [v]
+            elif k not in new_cni:
+                new_cni[k] = copy.deepcopy(v)
+    ctd = src.get("containerd")
+    if isinstance(ctd, dict):
+        new_ctd = dst.setdefault("containerd", {})
+        for k, v in ctd.items():
+            if k not in _NOT_RUNTIME_CTD and k not in new_ctd:
+                new_ctd[k] = copy.deepcopy(v)
+    return doc
+
+
+def cri_load_error(facts_major: int, ctd: dict[str, Any]) -> str:
+    """Why the CRI plugin refuses this effective `containerd` section, "" when it loads: the
+    default runtime must be one of `runtimes` (pkg/cri/config/config.go@v1.7.34:
+    ValidatePluginConfig; internal/cri/config/config.go@v2.3.4: ValidateRuntimeConfig).
+    containerd then runs without CRI and the kubelet cannot start any pod."""
+    name = ctd.get("default_runtime_name")
+    if facts_major >= 2 and name == "":
+        return "`default_runtime_name` is empty"
+    name = name or "runc"
+    configured = ctd.get("runtimes")
+    runtimes: dict[str, Any] = dict(configured) if isinstance(configured, dict) else {}
+    if facts_major >= 2 or not isinstance(configured, dict):
+        # containerd's built-in `runc`: 1.x keeps it only while no file defines a `runtimes`
+        # table (1.6.20 and 1.7.34 `config dump` of a file defining only `vgpu`: runc gone); 2.x
+        # merges the configured runtimes into its defaults (2.3.4: runc kept).
+        runtimes.setdefault("runc", {})
+    if name not in runtimes:
+        return (
+            f"no corresponding runtime configured in `containerd.runtimes` for `containerd` "
+            f'`default_runtime_name = "{name}"'  # containerd's message, unbalanced backtick included
+        )
+    return ""
 
 
 def _toml(text: str, where: str) -> dict[str, Any]:
@@ -231,18 +326,26 @@ def _deep_merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
             dst[k] = copy.deepcopy(v)
 
 
-def _import_patterns(doc: dict[str, Any], host_path: str) -> list[str]:
+def _import_patterns(doc: dict[str, Any], host_path: str, relative_to_cwd: bool = False) -> list[str]:
+    """Absolute import patterns.  A relative one is joined to the importing file's directory
+    (services/server/config/config.go@v1.7.34 and cmd/containerd/server/config/config.go@v2.3.4:
+    resolveImports), except on containerd <= 1.6, which globs it from the process's working
+    directory - `/` for the daemon (recorded: containerd2/contrast-containerd-1.6.20/
+    dump.relative-glob-from-cwd-slash.toml imports nothing)."""
     imports = doc.get("imports") or []
     if not isinstance(imports, list):
         return []
     out = []
     for p in imports:
         if isinstance(p, str) and p:
-            out.append(p if p.startswith("/") else os.path.join(os.path.dirname(host_path), p))
+            base = "/" if relative_to_cwd else os.path.dirname(host_path)
+            out.append(os.path.normpath(p if p.startswith("/") else os.path.join(base, p)))
     return out
 
 
-def load_files(root: Root, conf: str, major: int) -> tuple[dict[str, Any], list[str], dict[str, dict[str, Any]]]:
+def load_files(
+    root: Root, conf: str, major: int, relative_to_cwd: bool = False
+) -> tuple[dict[str, Any], list[str], dict[str, dict[str, Any]]]:
     """Effective config from the files alone, with containerd's merge rules.
 
     The main file, then each `imports` pattern in order (globs sorted), recursively, each
@@ -267,7 +370,7 @@ def load_files(root: Root, conf: str, major: int) -> tuple[dict[str, Any], list[
         doc = _toml(text, path)
         parsed[path] = doc
         order.append(path)
-        for pattern in _import_patterns(doc, path):
+        for pattern in _import_patterns(doc, path, relative_to_cwd):
             for p in root.glob(pattern) if any(c in pattern for c in "*?[") else [pattern]:
                 visit(p)
 
@@ -277,7 +380,7 @@ def load_files(root: Root, conf: str, major: int) -> tuple[dict[str, Any], list[
         doc = copy.deepcopy(parsed[path])
         doc.pop("imports", None)
         if major >= 2:
-            _deep_merge(eff, doc)
+            _deep_merge(eff, migrate_to_v3(doc))
             continue
         plugins = doc.pop("plugins", None)
         _deep_merge(eff, doc)  # mergo.Merge(WithOverride) for the rest of the struct
@@ -410,6 +513,11 @@ def read_toolkit(root: Root, path: str) -> ToolkitConfig:
     v = doc.get("accept-nvidia-visible-devices-as-volume-mounts")
     if isinstance(v, bool):
         tk.accept_volume_mounts = v
+    if isinstance(doc.get("swarm-resource"), str):
+        tk.swarm_resource = doc["swarm-resource"]
+    hook = doc.get("nvidia-container-runtime-hook") or {}
+    if isinstance(hook, dict) and isinstance(hook.get("skip-mode-detection"), bool):
+        tk.skip_mode_detection = hook["skip-mode-detection"]
     return tk
 
 
@@ -578,19 +686,22 @@ def detect(
     text = r.read(conf)
     main_doc = _toml(text, conf) if text else {}
     version = main_doc.get("version", 1) if text else 2
-    if not isinstance(version, int) or isinstance(version, bool) or version not in (1, 2, 3):
-        raise DetectError(f"{conf}: unsupported config version {version!r} (expected 1, 2 or 3)")
+    if not isinstance(version, int) or isinstance(version, bool) or version not in CONFIG_VERSIONS:
+        raise DetectError(f"{conf}: unsupported config version {version!r} (expected 1, 2, 3 or 4)")
     facts.config_version = version
     if major is None:
-        if facts.config_version == 3:
+        if facts.config_version >= 3:
             major = 2
         elif facts.containerd_version:
             major = 2 if facts.containerd_version.startswith("2") else 1
         else:
             major = 1
     facts.containerd_major = major
-    facts.cri_plugin = cri_plugin_name(facts.config_version)
-    files_eff, order, parsed = load_files(r, conf, major)
+    # 2.x migrates older files: its CRI runtime plugin is io.containerd.cri.v1.runtime either way
+    facts.cri_plugin = V3_RUNTIME if major >= 2 else cri_plugin_name(facts.config_version)
+    ver = _version_tuple(facts.containerd_version)
+    old = major == 1 and bool(ver) and ver[:2] <= (1, 6)  # unknown 1.x: resolved as 1.7 does
+    files_eff, order, parsed = load_files(r, conf, major, relative_to_cwd=old)
     facts.files = order
     eff: dict[str, Any] | None = None
     bin_major = int(facts.containerd_version[0]) if facts.containerd_version[:1].isdigit() else None
@@ -616,6 +727,8 @@ def detect(
     ctd = _dict(cri_sec.get("containerd"))
     raw_ctd = _get(files_eff, "plugins", cri, "containerd")
     facts.default_runtime = str(ctd.get("default_runtime_name") or "runc")
+    if facts.config_exists:
+        facts.cri_error = cri_load_error(major, ctd)
     facts.handlers = _handlers(r, ctd, raw_ctd if isinstance(raw_ctd, dict) else None)
     cdi_default = major >= 2
     facts.cdi_enabled = bool(cri_sec.get("enable_cdi", cdi_default))
@@ -650,15 +763,22 @@ def detect(
     return facts
 
 
+def runtime_mode(binary: str, tk: ToolkitConfig | None) -> str:
+    """The mode a runtime binary runs in: `.cdi` / `.legacy` force it (cmd/nvidia-container-
+    runtime.{cdi,legacy}/main.go: WithModeOverride), else the toolkit config's."""
+    if binary.endswith(".cdi"):
+        return "cdi"
+    if binary.endswith(".legacy"):
+        return "legacy"
+    return tk.mode if tk is not None else "auto"
+
+
 def _node_type(facts: NodeFacts, nv: Handler, tk: ToolkitConfig, parsed: dict[str, dict[str, Any]]) -> NodeType:
-    mode = tk.mode
-    if nv.binary_name.endswith(".cdi"):
-        mode = "cdi"
-    elif nv.binary_name.endswith(".legacy"):
-        mode = "legacy"
+    mode = runtime_mode(nv.binary_name, tk)
+    operator = nv.binary_name.startswith(OPERATOR_TOOLKIT + "/") or tk.path == _beside(nv.binary_name)
     if mode == "cdi":
-        return "N3"
-    if nv.binary_name.startswith(OPERATOR_TOOLKIT + "/") or tk.path == _beside(nv.binary_name):
+        return "N3" if operator else "N1-cdi"
+    if operator:
         return "N2"  # the GPU Operator's toolkit (wrappers + config under its toolkit dir)
     if mode == "legacy":
         return "N1-legacy"
@@ -671,6 +791,25 @@ def _node_type(facts: NodeFacts, nv: Handler, tk: ToolkitConfig, parsed: dict[st
     if any(os.path.basename(p) == "99-nvidia.toml" for p in parsed):
         return "N1-jit-cdi"
     return "N1-legacy"
+
+
+def cri_fix(facts: NodeFacts) -> str:
+    """What to do about `facts.cri_error` (one line)."""
+    names = [h.name for h in facts.handlers]
+    missing = facts.default_runtime
+    if facts.containerd_major == 1 and facts.cri_file and facts.cri_file != facts.containerd_config:
+        where = (
+            f"{facts.cri_file} replaces the whole CRI section of the files before it on containerd 1.x and "
+            f"defines only {', '.join(names) or 'no runtime'}"
+        )
+    else:
+        where = f"the effective config defines only {', '.join(names) or 'no runtime'}"
+    table = f'[plugins."{facts.cri_plugin}".containerd.runtimes.{missing}] runtime_type = "io.containerd.runc.v2"'
+    return (
+        f"{where}: add {table} to {facts.cri_file or facts.containerd_config} (or regenerate "
+        f"{facts.containerd_config} with `containerd config default` and re-run `nvidia-ctk runtime configure "
+        f"--runtime=containerd`), then restart containerd"
+    )
 
 
 def to_json(facts: NodeFacts) -> str:
@@ -705,8 +844,12 @@ def summary(facts: NodeFacts) -> list[str]:
         )
         if tk.error:
             lines.append(f"toolkit config error: {tk.error}")
+    if tk is not None and tk.skip_mode_detection:
+        lines.append("toolkit config: nvidia-container-runtime-hook.skip-mode-detection = true")
     if facts.legacy_binary:
         lines.append(f"legacy-mode runtime: {facts.legacy_binary}")
+    if facts.cri_error:
+        lines.append(f"CRI plugin will NOT load: {facts.cri_error}")
     lines.append(
         f"CDI: {'enabled' if facts.cdi_enabled else 'disabled'} in containerd, "
         f"{len(facts.cdi_specs)} spec(s)"

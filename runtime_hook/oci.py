@@ -196,6 +196,23 @@ def env_values(spec: dict[str, Any], name: str) -> list[str]:
     return [e[len(prefix) :] for e in env_list(spec) if e.startswith(prefix)]
 
 
+def env_last(spec: dict[str, Any], name: str) -> str | None:
+    """The value of `name` a reader of the spec acts on: the LAST occurrence (None when unset).
+
+    containerd's CRI writes the image's Env, then the container's, keeping duplicate keys
+    (recorded: tests/data/real-traces/containerd-cri/kubelet-pod-cuda-env-image.config.json has
+    the image's NVIDIA_VISIBLE_DEVICES=all first and the device plugin's GPU-<uuid> after it).
+    NVIDIA's runtime and legacy hook read the env into a map in order (image.WithEnv,
+    internal/config/image/builder.go@v1.20.0), so the last one wins; runc sets the process
+    environment in order too, so the container sees the same value.
+    """
+    prefix = name + "="
+    for e in reversed(env_list(spec)):
+        if e.startswith(prefix):
+            return e[len(prefix) :]
+    return None
+
+
 def find_token(annotations: dict[str, str], spec: dict[str, Any] | None) -> str | None:
     """The allocation token: the annotation (preferred) or the env var; None when neither.
 
@@ -307,30 +324,48 @@ def _outside(item: str, allowed_uuids: set[str]) -> bool:
     return dev is None or dev not in allowed_uuids
 
 
-def visible_devices_outside(spec: dict[str, Any], allowed_uuids: set[str]) -> list[str]:
-    """Entries of NVIDIA_VISIBLE_DEVICES that name GPUs outside the allocation.
+# The env variables NVIDIA's runtime takes a device list from: NVIDIA_VISIBLE_DEVICES, and the
+# toolkit's `swarm-resource` variables, which take precedence when set (visibleEnvVars in
+# internal/config/image/cuda_image.go@v1.20.0; unset by default, DOCKER_RESOURCE_GPU is the value
+# NVIDIA's config documents).  The hook cannot read the node's toolkit config on a container's
+# start, so it checks both; `vgpuctl doctor` FAILs a toolkit whose swarm-resource names others.
+DEVICE_LIST_ENVS = (VISIBLE_DEVICES_ENV, "DOCKER_RESOURCE_GPU")
 
-    `all`, indices, unknown UUIDs and CDI names of other devices are outside; `none`, `void`,
-    empty and the volume-mounts marker (`/var/run/nvidia-container-devices`, the devices are
-    then the mounts) name no GPU.  Every occurrence of the variable counts.
+
+def visible_devices_outside(
+    spec: dict[str, Any], allowed_uuids: set[str], name: str = VISIBLE_DEVICES_ENV
+) -> list[str]:
+    """Items of NVIDIA_VISIBLE_DEVICES (or another of DEVICE_LIST_ENVS) that name GPUs outside the
+    allocation, judged as NVIDIA's runtime reads them: the LAST occurrence of the variable only
+    (`env_last`: an image's NVIDIA_VISIBLE_DEVICES=all followed by the device plugin's UUID is
+    the UUID), split at commas, items trimmed, empty items skipped (devicesFromEnvvars,
+    cuda_image.go@v1.20.0).
+
+    `all`, indices, unknown UUIDs and CDI names of other devices are outside; `none`, `void` and
+    the volume-mounts marker (`/var/run/nvidia-container-devices`: the devices are then the
+    mounts, or - mounts not accepted - a name no GPU has) name no GPU.  Stricter than the
+    runtime where it is cheap: `void,all` is void to NVIDIA (requested["void"]) but refused here.
     """
     bad: list[str] = []
-    for value in env_values(spec, VISIBLE_DEVICES_ENV):
-        v = value.strip()
-        if v in ("", "none", "void", VOLUME_DEVICES_ROOT):
+    for item in (env_last(spec, name) or "").split(","):
+        item = item.strip()
+        if item in ("", "none", "void", VOLUME_DEVICES_ROOT):
             continue
-        for item in v.split(","):
-            item = item.strip()
-            if _outside(item, allowed_uuids):
-                bad.append(item[:64])
+        if _outside(item, allowed_uuids):
+            bad.append(item[:64])
     return bad
 
 
 def _volume_device(rest: str) -> str:
-    # cdi/<vendor>/<class>/<dev> and cdi/<vendor>/<class>=<dev> as NVIDIA's runtime reads them
+    """The device a volume-mounts request names (cdiDeviceMountRequest.qualifiedName,
+    cuda_image.go@v1.20.0): `cdi/<vendor>/<class>=<dev>` as is, `cdi/<vendor>/<class>/<dev>` (the
+    device may hold more `/`: SplitN(.., 3)) as `<vendor>/<class>=<dev>`; anything else as is."""
     if rest.startswith("cdi/"):
-        parts = rest[4:].split("/")
-        return parts[0] + "/" + parts[1] + "=" + parts[2] if len(parts) == 3 else rest[4:]
+        name = rest[4:]
+        if _cdi_uuid(name) is not None:
+            return name
+        parts = name.split("/", 2)
+        return parts[0] + "/" + parts[1] + "=" + parts[2] if len(parts) == 3 else rest
     return rest
 
 
@@ -367,11 +402,20 @@ def gpu_requests_outside(
     """Every way a container can ask NVIDIA's runtime or a CDI-enabled engine for a GPU, checked
     against the allocation: one problem string per finding, [] when all is inside.
 
-    - NVIDIA_VISIBLE_DEVICES (uuids, CDI names; `all`, indexes, others outside) -- never
-      required: NVIDIA's CDI edits rewrite it to `void`;
-    - mounts at /var/run/nvidia-container-devices/<dev> (volume-mounts strategy); a destination
-      with `..` or one that normalises elsewhere is refused outright (the runtime matches the
-      raw string, the kernel resolves it: never let the two disagree);
+    NVIDIA's runtime takes the first non-empty of: CDI annotations (cdi mode only), /dev/null
+    mounts under /var/run/nvidia-container-devices (if accept-...-as-volume-mounts), the env
+    (privileged, or accept-...-envvar-when-unprivileged) - CUDA.VisibleDevices in
+    internal/config/image/cuda_image.go@v1.20.0.  Which of them it reads depends on the node's
+    toolkit config and mode, which the hook does not know, so EVERY source is checked:
+
+    - NVIDIA_VISIBLE_DEVICES and DOCKER_RESOURCE_GPU, the last occurrence of each (what the
+      runtime reads, `visible_devices_outside`; uuids, CDI names; `all`, indexes, others
+      outside) -- never required: NVIDIA's CDI edits append NVIDIA_VISIBLE_DEVICES=void;
+    - mounts at /var/run/nvidia-container-devices<dev> (volume-mounts strategy), matched as the
+      runtime does (requestsFromMounts: the cleaned destination starts with the root, no `/`
+      required after it, the device is the rest with `/` trimmed); a destination with `..` or
+      one that normalises elsewhere is refused outright (the runtime matches the cleaned
+      string, the kernel resolves it: never let the two disagree);
     - annotations under cdi.k8s.io/ (also `<x>.cdi.k8s.io/`, the toolkit NRI plugin's form) and
       under every other prefix in `cdi_prefixes` (the node's configured one): comma lists of CDI
       names -- a prefix the engine honours but we did not check would be an unlimited GPU;
@@ -380,9 +424,10 @@ def gpu_requests_outside(
       an allocated GPU, without them there must not be more nodes than allocated GPUs.
     """
     bad: list[str] = []
-    env_bad = visible_devices_outside(spec, allowed_uuids)
-    if env_bad:
-        bad.append(f"{VISIBLE_DEVICES_ENV} names GPUs outside the vGPU allocation: {', '.join(sorted(set(env_bad)))}")
+    for name in DEVICE_LIST_ENVS:
+        env_bad = visible_devices_outside(spec, allowed_uuids, name)
+        if env_bad:
+            bad.append(f"{name} names GPUs outside the vGPU allocation: {', '.join(sorted(set(env_bad)))}")
     mounts = spec.get("mounts")
     for m in mounts if isinstance(mounts, list) else []:
         dst = m.get("destination") if isinstance(m, dict) else None
@@ -393,9 +438,12 @@ def gpu_requests_outside(
         if ".." in parts or (norm != dst.rstrip("/") and norm.startswith(VOLUME_DEVICES_ROOT)):
             bad.append(f"mount destination {oneline(dst, 120)!r} is not a plain device path")
             continue
-        if not norm.startswith(VOLUME_DEVICES_ROOT + "/"):
+        if not norm.startswith(VOLUME_DEVICES_ROOT):
             continue
-        dev = _volume_device(norm[len(VOLUME_DEVICES_ROOT) + 1 :])
+        dev = norm[len(VOLUME_DEVICES_ROOT) :].strip("/")
+        if not dev or dev.startswith("imex/"):  # the root itself; IMEX channels are no GPU
+            continue
+        dev = _volume_device(dev)
         if _outside(dev, allowed_uuids):
             bad.append(f"volume mount {oneline(norm, 120)} names a GPU outside the vGPU allocation")
     anns = spec.get("annotations")

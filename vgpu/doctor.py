@@ -41,10 +41,12 @@ PYTHON_CANDIDATES = (
 NODE_TYPES = {
     "N1-legacy": "host NVIDIA Container Toolkit, runtime in legacy mode (toolkit <= 1.17 `auto`, or `legacy`)",
     "N1-jit-cdi": "host NVIDIA Container Toolkit >= 1.18, runtime in jit-cdi mode (`auto`)",
-    "N2": "GPU Operator < 25.10: toolkit under /usr/local/nvidia/toolkit, `nvidia` default runtime",
-    "N3": "CDI first (GPU Operator >= 25.10): NVIDIA runtime in cdi mode, `runc` default",
+    "N1-cdi": "host NVIDIA Container Toolkit, runtime in cdi mode",
+    "N2": "GPU Operator: toolkit under /usr/local/nvidia/toolkit, runtime in `auto` mode",
+    "N3": "GPU Operator: toolkit under /usr/local/nvidia/toolkit, runtime in cdi mode",
     "none": "no NVIDIA container runtime",
 }
+HOOK_CHECKED_ENVS = {"NVIDIA_VISIBLE_DEVICES", "DOCKER_RESOURCE_GPU"}  # runtime_hook/oci.py: DEVICE_LIST_ENVS
 INSTALL_TOOLKIT = (
     "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=containerd` "
     "(or deploy the GPU Operator), restart containerd, then `vgpu-hook containerd install`"
@@ -137,6 +139,11 @@ def _hook_of(spec: dict[str, Any]) -> tuple[str, str, dict[str, str]]:
     return "", "", {}
 
 
+def _uuid_kinds(f: NodeFacts) -> set[str]:
+    """CDI kinds whose specs name GPUs by UUID (`nvidia-ctk cdi generate`: by index and UUID)."""
+    return {c.kind for c in f.cdi_specs if any(d.startswith(("GPU-", "MIG-")) for d in c.devices)}
+
+
 def _sidecar(root: Root, conf: str) -> dict[str, Any]:
     try:
         text = root.read(conf + ".vgpu-hook.json")
@@ -226,6 +233,9 @@ class Doctor:
                 f"containerd {f.containerd_version or '?'}; {o.containerd_config} absent (built-in defaults)",
                 f"containerd config default > {o.containerd_config}, then configure the NVIDIA runtime",
             )
+        elif f.cri_error:
+            self.add("containerd", "FAIL", f"containerd's CRI plugin will not load: {f.cri_error} (no pod can start)",
+                     nodetype.cri_fix(f))  # fmt: skip
         else:
             where = f"effective config from {f.source}" + (f" ({f.source_note})" if f.source_note else "")
             version = f.containerd_version or "(version unknown)"
@@ -298,20 +308,74 @@ class Doctor:
         else:
             self.add("vgpu-base-spec", "OK", f"handler `{name}`: base spec {h.base_runtime_spec} with our hooks")
         if status == "OK" and reaches:
-            extra = ""
-            tk = f.toolkit
-            if f.node_type == "N3" and not h.binary_name.endswith(".legacy") and tk is not None and tk.mode == "cdi":
-                strategies = set(getattr(self.cfg.device_plugin, "device_list_strategy", ["envvar"]))
-                if not strategies & {"cdi-annotations", "cdi-cri"}:
-                    self.add("vgpu-handler", "FAIL",
-                             f"handler `{name}` runs {h.binary_name} in cdi mode, but the device plugin names GPUs "
-                             f"by {','.join(sorted(strategies))}: bare UUIDs become {tk.default_kind}=<uuid>",
-                             "set device_plugin.device_list_strategy = [\"cdi-annotations\"] (or cdi-cri), or "
-                             "re-run `vgpu-hook containerd install` where a .legacy runtime exists")  # fmt: skip
-                    return spec
-                extra = " (cdi mode)"
-            self.add("vgpu-handler", "OK", f"handler `{name}` reaches the NVIDIA runtime: {h.binary_name}{extra}")
+            problem = self._strategy_problem(f, h.binary_name)
+            if problem:
+                self.add("vgpu-handler", "FAIL", f"handler `{name}` runs {h.binary_name}: {problem[0]}", problem[1])
+                return spec
+            mode = nodetype.runtime_mode(h.binary_name, f.toolkit)
+            self.add(
+                "vgpu-handler", "OK", f"handler `{name}` reaches the NVIDIA runtime: {h.binary_name} ({mode} mode)"
+            )
         return spec
+
+    def _strategy_problem(self, f: NodeFacts, binary: str) -> tuple[str, str] | None:
+        """(problem, fix) when the vgpu handler's NVIDIA runtime cannot give a container the GPUs
+        the device plugin names, in the mode it runs (docs/node-types.md), else None.
+
+        - `.legacy`: its hook reads the toolkit config and refuses unless the mode resolves to
+          legacy or skip-mode-detection (hook_config.go@v1.20.0: assertModeIsLegacy);
+        - envvar / volume-mounts name bare UUIDs: in cdi mode they become <default-kind>=<uuid>
+          (modifier/cdi.go: cdiDeviceRequestor), which a CDI spec must define; other modes take
+          them as they are;
+        - cdi-annotations: read by the runtime in cdi mode (and in auto mode, which is cdi when
+          every request is a CDI name, info/auto.go) under its annotation-prefixes, and by
+          containerd >= 1.7 itself where CDI is enabled (internal/cri/opts/spec_linux.go: WithCDI);
+          in legacy and jit-cdi mode the runtime clears the prefixes (runtime_factory.go);
+        - cdi-cri: containerd's CDI only (the `cdi` check)."""
+        tk = f.toolkit
+        if tk is None:
+            return None
+        mode = nodetype.runtime_mode(binary, tk)
+        if binary.endswith(".legacy") and not tk.legacy_hook_accepts():
+            return (
+                f"its legacy hook refuses every GPU container: {tk.path} is in {tk.mode} mode with "
+                'skip-mode-detection = false ("invoking the NVIDIA Container Runtime Hook directly ... is not '
+                'supported")',
+                f"{REINSTALL} (install keeps the runtime in {tk.mode} mode), or set "
+                f"[nvidia-container-runtime-hook] skip-mode-detection = true in {tk.path}",
+            )
+        dp = self.cfg.device_plugin
+        strategies = list(getattr(dp, "device_list_strategy", ["envvar"]))
+        prefix = str(getattr(dp, "cdi_annotation_prefix", "cdi.k8s.io/"))
+        why: list[str] = []
+        for st in strategies:
+            if st in ("envvar", "volume-mounts"):
+                if mode != "cdi" or tk.default_kind in _uuid_kinds(f):
+                    return None
+                why.append(f"{st}: bare UUIDs become {tk.default_kind}=<uuid>, which no CDI spec defines")
+            elif st == "cdi-annotations":
+                honoured = mode in ("cdi", "auto") and any(prefix.startswith(p) for p in tk.annotation_prefixes)
+                if honoured or f.cdi_enabled:
+                    return None
+                if mode in ("cdi", "auto"):
+                    read = ", ".join(tk.annotation_prefixes)
+                    why.append(f"cdi-annotations: the runtime reads annotations under {read}, not {prefix}")
+                else:
+                    ver = f.containerd_version or str(f.containerd_major)
+                    why.append(f"cdi-annotations: the runtime in {mode} mode ignores CDI annotations and containerd "
+                               f"{ver} has no CDI enabled: pods get their limits but no GPU")  # fmt: skip
+            else:
+                return None  # cdi-cri: the `cdi` check
+        if not why:
+            return None
+        fix = (
+            'device_plugin.device_list_strategy = ["cdi-annotations"] with a cdi_kind whose spec names the GPUs by '
+            "UUID, or generate one: nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml"
+            if mode == "cdi"
+            else 'device_plugin.device_list_strategy = ["envvar"] (the runtime\'s '
+            f"{mode} mode takes NVIDIA_VISIBLE_DEVICES), or enable CDI in containerd >= 1.7 (enable_cdi = true)"
+        )
+        return "; ".join(why), fix
 
     def check_cdi(self, f: NodeFacts) -> None:
         kinds = sorted({s.kind for s in f.cdi_specs if s.kind})
@@ -340,6 +404,12 @@ class Doctor:
         where = tk.path + ("" if tk.exists else " (absent: NVIDIA's defaults)")
         if tk.error:
             self.add("toolkit", "FAIL", tk.error, f"fix {tk.path}")
+            return
+        swarm = {e.strip() for e in tk.swarm_resource.split(",") if e.strip()}
+        if swarm - HOOK_CHECKED_ENVS:
+            self.add("toolkit", "FAIL", f"{where}: swarm-resource = {tk.swarm_resource!r}: containers may pick GPUs "
+                     f"through {', '.join(sorted(swarm - HOOK_CHECKED_ENVS))}, which vgpu-hook does not check",
+                     f"remove swarm-resource from {tk.path} (Kubernetes nodes do not use it)")  # fmt: skip
             return
         if "volume-mounts" in strategies and not tk.accept_volume_mounts:
             self.add("toolkit", "FAIL", f"{where}: accept-nvidia-visible-devices-as-volume-mounts is false, but the "

@@ -22,14 +22,6 @@ from vgpu import ctl, doctor
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 
-BASE = """version = 2
-[plugins."io.containerd.grpc.v1.cri".containerd]
-  default_runtime_name = "runc"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-      SystemdCgroup = true
-"""
 GPUS = [("GPU-11111111-2222-3333-4444-555555555555", "Fake GPU", 16 << 30)]
 
 
@@ -47,7 +39,7 @@ class Node:
     def __init__(self, tmp: Path, kind: str | None) -> None:
         self.tmp = tmp
         self.root = tmp / "host"
-        self.shape = ctrd.make_shape(kind, self.root, "", base_text=BASE) if kind else None
+        self.shape = ctrd.make_shape(kind, self.root, "") if kind else None  # the files NVIDIA's tools wrote
         self.socks: list[socket.socket] = []
         if kind:  # a containerd binary that cannot run in the tree: detection falls back to the files
             self.fs("/usr/bin").mkdir(parents=True, exist_ok=True)
@@ -129,8 +121,10 @@ def test_each_shape_installed_is_healthy(kind: str, node_factory: object) -> Non
     assert r.node_type == ctrd.EXPECTED_TYPE[kind]
     assert c["node-type"].status == "OK" and r.node_type in c["node-type"].message
     assert c["vgpu-handler"].status == "OK" and "reaches the NVIDIA runtime" in c["vgpu-handler"].message
-    if kind == "n3":
-        assert c["vgpu-handler"].message.endswith(".legacy")
+    if kind == "n3":  # the operator's installer set skip-mode-detection: its legacy hook works
+        assert c["vgpu-handler"].message.endswith(".legacy (legacy mode)")
+    if kind == "n1-cdi":  # a host toolkit in cdi mode: the runtime is kept, the spec names the GPU by UUID
+        assert c["vgpu-handler"].message.endswith("/usr/bin/nvidia-container-runtime (cdi mode)")
     assert c["vgpu-base-spec"].status == "OK"
     for name in ("config", "containerd", "cdi", "library", "hook", "hook-python", "device-plugin", "monitor",
                  "guardian"):  # fmt: skip
@@ -203,14 +197,84 @@ def test_strategy_against_toolkit_flags_and_cdi_mode(node_factory: object) -> No
     assert c["toolkit"].status == "FAIL" and "as-volume-mounts = true" in c["toolkit"].fix
     m = node_factory("n3")  # type: ignore[operator]
     m.fs("/usr/local/nvidia/toolkit/nvidia-container-runtime.legacy").unlink()
-    assert m.install() == 0  # cdi mode kept: GPUs must be named as CDI devices
+    assert m.install() == 0  # cdi mode kept; the installer's management spec names no GPU by UUID
     m.daemons()
     c = by_name(m.run())
-    assert c["vgpu-handler"].status == "FAIL" and "management.nvidia.com/gpu=<uuid>" in c["vgpu-handler"].message
+    assert c["vgpu-handler"].status == "FAIL" and "nvidia.com/gpu=<uuid>, which no CDI spec defines" in c[
+        "vgpu-handler"].message  # fmt: skip
     m.config('[device_plugin]\ndevice_list_strategy = ["cdi-annotations"]\ncdi_kind = "nvidia.com/gpu"\n')
     c = by_name(m.run())
     assert c["vgpu-handler"].status == "OK"
     assert c["cdi"].status == "FAIL" and "kind nvidia.com/gpu" in c["cdi"].message  # only the management spec
+
+
+def test_cdi_mode_with_a_uuid_named_spec_takes_the_envvar_strategy(node_factory: object) -> None:
+    """Host toolkit in cdi mode, default-kind nvidia.com/gpu, the spec of `nvidia-ctk cdi
+    generate` (GPUs by index and UUID): NVIDIA_VISIBLE_DEVICES=<uuid> resolves - OK.  Without
+    the spec it cannot - FAIL with the generator command."""
+    n = node_factory("n1-cdi")  # type: ignore[operator]
+    assert n.install() == 0
+    n.daemons()
+    c = by_name(n.run())
+    assert c["vgpu-handler"].status == "OK" and c["vgpu-handler"].message.endswith("(cdi mode)")
+    n.fs("/etc/cdi/nvidia.com-gpu.json").unlink()
+    c = by_name(n.run())
+    assert c["vgpu-handler"].status == "FAIL" and "which no CDI spec defines" in c["vgpu-handler"].message
+    assert "nvidia-ctk cdi generate" in c["vgpu-handler"].fix
+
+
+def test_legacy_sibling_whose_hook_refuses_fails(node_factory: object) -> None:
+    """A handler on `.legacy` where the toolkit config is in cdi mode with skip-mode-detection =
+    false (`nvidia-ctk config default`): the hook refuses every GPU container (what install picked
+    before it knew)."""
+    n = node_factory("n1-cdi")  # type: ignore[operator]
+    assert n.install("--nvidia-runtime", "/usr/bin/nvidia-container-runtime.legacy") == 0
+    n.daemons()
+    c = by_name(n.run())
+    assert c["vgpu-handler"].status == "FAIL" and "legacy hook refuses every GPU container" in c["vgpu-handler"].message
+    assert "skip-mode-detection = true" in c["vgpu-handler"].fix
+
+
+@pytest.mark.parametrize("mode", ["jit-cdi", "legacy"])
+def test_cdi_annotations_outside_cdi_mode_without_containerd_cdi_fail(mode: str, node_factory: object) -> None:
+    """The runtime in jit-cdi or legacy mode ignores CDI annotations; containerd 1.x without
+    enable_cdi has no CDI of its own: the pod would get its limits and no GPU."""
+    n = node_factory("n1-118")  # type: ignore[operator]
+    tk = n.fs("/etc/nvidia-container-runtime/config.toml")
+    tk.write_text(tk.read_text().replace('mode = "auto"', f'mode = "{mode}"'))
+    assert n.install() == 0
+    n.daemons()
+    n.config('[device_plugin]\ndevice_list_strategy = ["cdi-annotations"]\n')
+    c = by_name(n.run())
+    assert c["vgpu-handler"].status == "FAIL"
+    assert f"the runtime in {mode} mode ignores CDI annotations" in c["vgpu-handler"].message
+    # auto: CDI names in annotations make the runtime resolve cdi mode - that works
+    tk.write_text(tk.read_text().replace(f'mode = "{mode}"', 'mode = "auto"'))
+    assert by_name(n.run())["vgpu-handler"].status == "OK"
+
+
+def test_containerd_whose_cri_cannot_load_fails(node_factory: object) -> None:
+    """Debian's config.toml + nvidia-ctk 1.20's drop-in (recorded): containerd 1.x cannot load CRI."""
+    from tests.support import traces
+
+    n = node_factory("n1-118")  # type: ignore[operator]
+    rec = "nvidia-toolkit/runtime-configure/debian-plain/etc/containerd/"
+    n.fs("/etc/containerd/config.toml").write_text(traces.text(rec + "config.toml"))
+    n.fs("/etc/containerd/conf.d/99-nvidia.toml").write_text(traces.text(rec + "conf.d/99-nvidia.toml"))
+    n.daemons()
+    c = by_name(n.run())
+    assert c["containerd"].status == "FAIL" and "CRI plugin will not load" in c["containerd"].message
+    assert "runtimes.runc" in c["containerd"].fix and "/etc/containerd/conf.d/99-nvidia.toml" in c["containerd"].fix
+
+
+def test_swarm_resource_the_hook_does_not_check_fails(node_factory: object) -> None:
+    n = node_factory("n1-118")  # type: ignore[operator]
+    assert n.install() == 0
+    n.daemons()
+    tk = n.fs("/etc/nvidia-container-runtime/config.toml")
+    tk.write_text(tk.read_text().replace('#swarm-resource = "DOCKER_RESOURCE_GPU"', 'swarm-resource = "MY_GPUS"'))
+    c = by_name(n.run())
+    assert c["toolkit"].status == "FAIL" and "MY_GPUS" in c["toolkit"].message
 
 
 def test_old_python_fails_and_names_alternatives(node_factory: object) -> None:

@@ -61,6 +61,9 @@ def toolkit_config_text(
     hook_path: str | Path | None = None,
     container_lib_dir: str | None = None,
     log_level: str | None = None,
+    debug: str | Path | None = None,
+    skip_mode_detection: bool | None = None,
+    swarm_resource: str | None = None,
     lib_dir: str | Path | None = None,
 ) -> str:
     """The config.toml text, keys exactly as NVIDIA's (gpu-injection.md §2.5) plus [fakegpu]."""
@@ -71,7 +74,11 @@ def toolkit_config_text(
         )
     if accept_volume_mounts is not None:
         top.append(f"accept-nvidia-visible-devices-as-volume-mounts = {_toml_value(accept_volume_mounts)}")
+    if swarm_resource is not None:
+        top.append(f"swarm-resource = {_toml_value(swarm_resource)}")
     top += ["", "[nvidia-container-runtime]", f"mode = {_toml_value(mode)}"]
+    if debug is not None:
+        top.append(f"debug = {_toml_value(str(debug))}")
     if runtimes is not None:
         top.append(f"runtimes = {_toml_value(runtimes)}")
     if log_level is not None:
@@ -83,9 +90,21 @@ def toolkit_config_text(
         top.append(f"annotation-prefixes = {_toml_value(annotation_prefixes)}")
     if spec_dirs is not None:
         top.append(f"spec-dirs = {_toml_value([str(d) for d in spec_dirs])}")
-    if hook_path is not None:
-        top += ["", "[nvidia-container-runtime-hook]", f"path = {_toml_value(str(hook_path))}"]
-    top += ["", "[fakegpu]"]
+    if hook_path is not None or skip_mode_detection is not None:
+        top += ["", "[nvidia-container-runtime-hook]"]
+        if hook_path is not None:
+            top.append(f"path = {_toml_value(str(hook_path))}")
+        if skip_mode_detection is not None:
+            top.append(f"skip-mode-detection = {_toml_value(skip_mode_detection)}")
+    return "\n".join(top) + "\n\n" + fakegpu_section(gpu, container_lib_dir=container_lib_dir, lib_dir=lib_dir)
+
+
+def fakegpu_section(
+    gpu: FakeGPU | None = None, *, container_lib_dir: str | None = None, lib_dir: str | Path | None = None
+) -> str:
+    """The stand-in's own `[fakegpu]` table (where the simulated driver is), appended to a toolkit
+    config.toml - also to the exact files NVIDIA's tools wrote (tests/hook/ctrd.make_shape)."""
+    top = ["[fakegpu]"]
     if gpu is not None:
         top.append(f"config = {_toml_value(str(gpu.config_path))}")
         top.append(f"state = {_toml_value(str(gpu.state_path))}")

@@ -11,7 +11,6 @@ install` exactly as on a node).  The runc shim's sockets still go to
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -22,7 +21,8 @@ from typing import Any
 
 import tomlkit
 
-IMAGE = "docker.io/library/vgpu-hook-test:latest"
+IMAGE = "docker.io/library/vgpu-hook-test:latest"  # the workload: nvidia/cuda's env (ociimage.CUDA_ENV)
+PAUSE_IMAGE = "docker.io/library/vgpu-hook-pause:latest"  # the sandbox image (ociimage.PAUSE_ENV)
 HAVE_CONTAINERD = shutil.which("containerd") is not None
 
 # An operator's containerd 1.x config (comments, a pinned sandbox image, an explicit runc handler
@@ -80,7 +80,7 @@ def base_config(d: Path, snapshotter: str = "overlayfs") -> str:
     doc["debug"]["address"] = ""  # type: ignore[index]
     doc["metrics"]["address"] = ""  # type: ignore[index]
     cri = doc["plugins"]["io.containerd.grpc.v1.cri"]  # type: ignore[index]
-    cri["sandbox_image"] = IMAGE
+    cri["sandbox_image"] = PAUSE_IMAGE
     # Root here may lack CAP_SYS_RESOURCE: never try to lower oom_score_adj below ours.
     cri["restrict_oom_score_adj"] = True
     cri["disable_cgroup"] = False
@@ -157,11 +157,35 @@ class Containerd:
         subprocess.run(["umount", "-R", "-l", str(self.dir / "state")], capture_output=True)
 
 
-# ---- node shapes: containerd + toolkit configs exactly as the toolkit leaves them ----------
+# ---- node shapes: the files NVIDIA's tools leave on a node ---------------------------------------
+#
+# Every shape but n1-117 is the exact set of files NVIDIA Container Toolkit 1.20 wrote
+# (tests/data/real-traces/nvidia-toolkit: `nvidia-ctk runtime configure`, `nvidia-ctk config
+# default`, `nvidia-ctk cdi generate`, the GPU Operator's `nvidia-ctk-installer`), with host
+# paths moved under a prefix where a test needs real absolute paths.  A test that runs containerd
+# needs a CRI section it can run (its own root, sockets, sandbox image): there the same
+# transformation is applied to the test's config (`runtime_configure`, a model of nvidia-ctk
+# checked against the recorded outputs by tests/hook/test_nodetype.py).
 
-SHAPES = ("n1-117", "n1-118", "n2", "n3")
-EXPECTED_TYPE = {"n1-117": "N1-legacy", "n1-118": "N1-jit-cdi", "n2": "N2", "n3": "N3"}
+SHAPES = ("n1-117", "n1-118", "n1-cdi", "n2", "n3")
+EXPECTED_TYPE = {"n1-117": "N1-legacy", "n1-118": "N1-jit-cdi", "n1-cdi": "N1-cdi", "n2": "N2", "n3": "N3"}
 CRI = "io.containerd.grpc.v1.cri"
+NCT = "nvidia-toolkit"  # the traces' folder
+_OP_CONFIG = "usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml"
+TRACE_FILES = {  # shape -> (runtime-configure / installer folder, toolkit config trace, CDI spec traces)
+    "n1-118": ("runtime-configure/default-plain", "nvidia-ctk-config-default.toml", {}),
+    "n1-cdi": ("runtime-configure/default-cdi-enabled", "runtime-edit/nvidia-container-runtime-config.toml",
+               {"/etc/cdi/nvidia.com-gpu.json": "cdi-spec/nvidia.com-gpu.json"}),
+    "n2": ("installer/default", f"installer/default/{_OP_CONFIG}", {}),
+    "n3": ("installer/cdi", f"installer/cdi/{_OP_CONFIG}",
+           {"/var/run/cdi/management.nvidia.com-gpu.yaml": "installer/cdi/var/run/cdi/management.nvidia.com-gpu.yaml"}),
+}  # fmt: skip
+HOST_BINARIES = (  # nvidia-container-toolkit{,-base} packaging/debian/*.install@v1.20.0
+    "nvidia-container-runtime",
+    "nvidia-container-runtime.cdi",
+    "nvidia-container-runtime.legacy",
+    "nvidia-container-runtime-hook",
+)
 
 
 class Shape:
@@ -176,6 +200,7 @@ class Shape:
         self.root = root
         self.prefix = prefix
         self.conf = self.hp("/etc/containerd/config.toml")
+        self.dropin = self.hp("/etc/containerd/conf.d/99-nvidia.toml")
         self.toolkit_config = ""
         self.binary = ""
 
@@ -196,6 +221,16 @@ class Shape:
         base = self.fs(self.hp("/"))
         return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
 
+    def moved(self, text: str) -> str:
+        """A recorded file's host paths moved under the prefix (quoted TOML/JSON/YAML strings)."""
+        if not self.prefix:
+            return text
+        for p in ("/usr/local/nvidia/toolkit", "/usr/bin/nvidia-", "/etc/containerd/", "/etc/cdi", "/var/run/cdi",
+                  "/run/nvidia/driver", "/var/log/nvidia-"):  # fmt: skip
+            for q in ('"', "'", ": "):
+                text = text.replace(q + p, q + self.prefix + p)
+        return text
+
 
 def _runtime_script(target: Path | None, toolkit_config: str | None) -> str:
     lines = ["#!/bin/sh"]
@@ -205,99 +240,160 @@ def _runtime_script(target: Path | None, toolkit_config: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _copy(t: Any) -> Any:
+    return tomlkit.parse(tomlkit.dumps(tomlkit.document().add("x", t)))["x"]
+
+
+def runtime_configure(
+    base_text: str,
+    runtimes: dict[str, str],
+    *,
+    set_as_default: str | None = None,
+    cdi: bool = False,
+    dropin_glob: str = "/etc/containerd/conf.d/*.toml",
+) -> tuple[str, str]:
+    """(main config, drop-in) as `nvidia-ctk runtime configure --runtime=containerd
+    --drop-in-config=<conf.d>/99-nvidia.toml [--set-as-default] [--cdi.enabled]` (and the
+    operator's installer, which adds nvidia, nvidia-cdi, nvidia-legacy) write them on containerd
+    1.x, toolkit 1.20 (pkg/config/engine/containerd):
+
+    - the drop-in holds `version = 2` and a copy of the WHOLE CRI section of the config, plus
+      `runtimes.<name>` for each runtime: a copy of the `runc` table (GetDefaultRuntimeOptions;
+      without one - Debian's config - `runtime_type`, `runtime_root`, `runtime_engine`,
+      `privileged_without_host_devices` only) with `options.BinaryName` (AddRuntimeWithOptions);
+      `default_runtime_name` when set as default, `enable_cdi = true` with --cdi.enabled;
+    - the main file only gets `imports = ["<conf.d>/*.toml"]` (config_drop_in.go: ensureImports).
+    `runtimes`: name -> BinaryName.
+    """
+    main = tomlkit.parse(base_text)
+    arr = tomlkit.array()
+    arr.append(dropin_glob)
+    main["imports"] = arr
+    doc = tomlkit.parse(base_text)
+    plugins = doc.get("plugins") or tomlkit.table()
+    cri = plugins.get(CRI) or tomlkit.table()
+    ctd = cri.get("containerd")
+    if ctd is None:
+        ctd = cri["containerd"] = tomlkit.table()
+    if "runtimes" not in ctd:
+        ctd["runtimes"] = tomlkit.table()
+    rts = ctd["runtimes"]
+    for name, binary in runtimes.items():
+        if "runc" in rts:
+            t = _copy(rts["runc"])
+        else:
+            t = tomlkit.table()
+            t["privileged_without_host_devices"] = False
+            t["runtime_engine"] = ""
+            t["runtime_root"] = ""
+            t["runtime_type"] = "io.containerd.runc.v2"
+        if "options" not in t:
+            t["options"] = tomlkit.table()
+        t["options"]["BinaryName"] = binary
+        rts[name] = t
+    if set_as_default:
+        ctd["default_runtime_name"] = set_as_default
+    if cdi:
+        cri["enable_cdi"] = True
+    drop = tomlkit.document()
+    drop["version"] = 2
+    p = tomlkit.table(is_super_table=True)
+    p[CRI] = cri
+    drop["plugins"] = p
+    return tomlkit.dumps(main), tomlkit.dumps(drop)
+
+
 def make_shape(
     kind: str,
     root: Path,
     prefix: str = "",
     *,
-    base_text: str,
+    base_text: str | None = None,
     runtime_dir: Path | None = None,
     toolkit_text: Any = None,
-    cdi_spec: dict[str, Any] | None = None,
+    fakegpu_text: str = "",
 ) -> Shape:
-    """Writes the containerd config (from `base_text`) and toolkit files of a node shape.
+    """Writes the containerd and toolkit files of a node shape (SHAPES).
 
-    n1-117: `nvidia-ctk runtime configure --set-as-default` of toolkit 1.17 (main file edited in place);
-    n1-118: toolkit >= 1.18 (drop-in conf.d/99-nvidia.toml with a copy of the whole CRI section + imports);
-    n2: GPU Operator < 25.10 (wrappers under /usr/local/nvidia/toolkit, nvidia/nvidia-cdi/nvidia-legacy,
-        `nvidia` default); n3: GPU Operator >= 25.10 (same, `runc` default, enable_cdi, mode cdi,
-        default kind management.nvidia.com/gpu).
-    `runtime_dir`: where the stand-in binaries are (the runtimes exec them), None for inert scripts.
-    `toolkit_text(mode=..., **flags)` renders a toolkit config.toml (tests.fakegpu.toolkit).
+    n1-117: `nvidia-ctk runtime configure --set-as-default` of toolkit <= 1.17 (the main file edited
+        in place; no recording: modelled, `base_text` or V1_CONFIG as the node's config);
+    n1-118: host toolkit 1.20, `nvidia-ctk runtime configure` (drop-in conf.d/99-nvidia.toml) and
+        `nvidia-ctk config default` (mode auto);
+    n1-cdi: host toolkit 1.20 in cdi mode: `runtime configure --cdi.enabled`, the default config with
+        mode cdi, the spec of `nvidia-ctk cdi generate` in /etc/cdi;
+    n2 / n3: the GPU Operator's nvidia-ctk-installer 1.20 (wrappers under /usr/local/nvidia/toolkit,
+        handlers nvidia/nvidia-cdi/nvidia-legacy, `nvidia` default) in mode auto / mode cdi
+        (skip-mode-detection = true, enable_cdi, the management spec in /var/run/cdi).
+
+    `base_text` None: the recorded files (n1-117: V1_CONFIG); else the node's containerd config
+    that `runtime_configure` turns into the shape (what a containerd test can run).
+    `runtime_dir`: where the stand-in binaries are (the runtimes exec them), None for inert
+    scripts.  `toolkit_text(mode=..., **flags)`: n1-117's toolkit config; `fakegpu_text`: the
+    stand-in's [fakegpu] table appended to the recorded toolkit configs.
     """
     from tests.fakegpu import toolkit as fk
+    from tests.support import traces
 
-    render = toolkit_text or (lambda **kw: fk.toolkit_config_text(None, **kw))
     s = Shape(kind, root, prefix)
-    doc = tomlkit.parse(base_text)
-    cri = doc["plugins"][CRI]  # type: ignore[index]
-    ctd = cri["containerd"]  # type: ignore[index]
-    runc = ctd["runtimes"]["runc"]  # type: ignore[index]
-
-    def nvidia_table(binary: str) -> Any:
-        t = tomlkit.parse(tomlkit.dumps(tomlkit.document().add("x", runc)))["x"]  # a deep copy of runc's table
-        t["options"]["BinaryName"] = binary  # type: ignore[index]
-        return t
-
     operator = kind in ("n2", "n3")
+    tkdir = s.hp("/usr/local/nvidia/toolkit")
     if operator:
-        tk = s.hp("/usr/local/nvidia/toolkit")
-        s.toolkit_config = tk + "/.config/nvidia-container-runtime/config.toml"
-        flags: dict[str, Any] = {"hook_path": tk + "/nvidia-container-runtime-hook"}
-        if kind == "n3":
-            flags.update(mode="cdi", default_kind="management.nvidia.com/gpu")
-            flags["spec_dirs"] = [s.hp("/etc/cdi"), s.hp("/var/run/cdi")]
-        else:
-            flags.update(mode="auto")
-        s.write(s.toolkit_config, render(**flags))
-        for name in fk.OPERATOR_BINARIES:
+        s.toolkit_config = tkdir + "/.config/nvidia-container-runtime/config.toml"
+        s.binary = tkdir + "/nvidia-container-runtime"
+        names = {"nvidia": s.binary, "nvidia-cdi": s.binary + ".cdi", "nvidia-legacy": s.binary + ".legacy"}
+        for name in fk.OPERATOR_BINARIES:  # toolkit/installer/executables.go: wrappers with the config's path
             target = runtime_dir / name if runtime_dir else None
-            s.write(f"{tk}/{name}", _runtime_script(target, s.toolkit_config), 0o755)
-        s.binary = tk + "/nvidia-container-runtime"
-        rts = ctd["runtimes"]  # type: ignore[index]
-        rts["nvidia"] = nvidia_table(s.binary)
-        rts["nvidia-cdi"] = nvidia_table(s.binary + ".cdi")
-        rts["nvidia-legacy"] = nvidia_table(s.binary + ".legacy")
-        if kind == "n2":
-            ctd["default_runtime_name"] = "nvidia"
-        else:
-            cri["enable_cdi"] = True
-            cri["cdi_spec_dirs"] = [s.hp("/etc/cdi"), s.hp("/var/run/cdi")]
-            spec = cdi_spec or {
-                "cdiVersion": "0.5.0",
-                "kind": "management.nvidia.com/gpu",
-                "devices": [{"name": "all", "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}],
-            }
-            s.write(s.hp("/var/run/cdi/management.nvidia.com-gpu.json"), json.dumps(spec, indent=1))
-        s.write(s.conf, tomlkit.dumps(doc))
-        return s
-    s.toolkit_config = s.hp("/etc/nvidia-container-runtime/config.toml")
-    s.write(s.toolkit_config, render(mode="auto"))
-    s.binary = s.hp("/usr/bin/nvidia-container-runtime")
-    for name in ("nvidia-container-runtime", "nvidia-container-runtime-hook"):
-        target = runtime_dir / name if runtime_dir else None
-        # A host toolkit reads /etc/nvidia-container-runtime/config.toml; under a prefix the script
-        # names the prefixed one (as NVIDIA_CTK_CONFIG_FILE_PATH does), with prefix "" it is plain.
-        s.write(s.hp(f"/usr/bin/{name}"), _runtime_script(target, s.toolkit_config if prefix else None), 0o755)
+            s.write(f"{tkdir}/{name}", _runtime_script(target, s.toolkit_config), 0o755)
+    else:
+        s.toolkit_config = s.hp("/etc/nvidia-container-runtime/config.toml")
+        s.binary = s.hp("/usr/bin/nvidia-container-runtime")
+        names = {"nvidia": s.binary}
+        for name in HOST_BINARIES:
+            target = runtime_dir / name if runtime_dir else None
+            # A host toolkit reads /etc/nvidia-container-runtime/config.toml; under a prefix the script
+            # names the prefixed one (as NVIDIA_CTK_CONFIG_FILE_PATH does), with prefix "" it is plain.
+            s.write(s.hp(f"/usr/bin/{name}"), _runtime_script(target, s.toolkit_config if prefix else None), 0o755)
     if kind == "n1-117":
-        ctd["runtimes"]["nvidia"] = nvidia_table(s.binary)  # type: ignore[index]
+        render = toolkit_text or (lambda **kw: fk.toolkit_config_text(None, **kw))
+        # toolkit <= 1.17: `auto` meant legacy; the stand-in models 1.20 (auto = jit-cdi), so a node
+        # whose runtime runs is given the mode `auto` resolved to on 1.17
+        s.write(s.toolkit_config, render(mode="legacy" if runtime_dir else "auto"))
+        doc = tomlkit.parse(base_text or V1_CONFIG)
+        ctd = doc["plugins"][CRI]["containerd"]  # type: ignore[index]
+        t = _copy(ctd["runtimes"]["runc"])  # type: ignore[index]
+        t["options"]["BinaryName"] = s.binary
+        ctd["runtimes"]["nvidia"] = t  # type: ignore[index]
         ctd["default_runtime_name"] = "nvidia"
         s.write(s.conf, tomlkit.dumps(doc))
         return s
-    # n1-118: the main file is left as it was, plus `imports`; the drop-in copies the CRI section.
-    main = tomlkit.parse(base_text)
-    arr = tomlkit.array()
-    arr.append(s.hp("/etc/containerd/conf.d/*.toml"))
-    main["imports"] = arr
-    s.write(s.conf, tomlkit.dumps(main))
-    ctd["runtimes"]["nvidia"] = nvidia_table(s.binary)  # type: ignore[index]
-    drop = tomlkit.document()
-    drop["version"] = 2
-    plugins = tomlkit.table(is_super_table=True)
-    plugins[CRI] = cri
-    drop["plugins"] = plugins
-    s.write(s.hp("/etc/containerd/conf.d/99-nvidia.toml"), tomlkit.dumps(drop))
+    folder, tk_trace, specs = TRACE_FILES[kind]
+    tk_text = s.moved(traces.text(f"{NCT}/{tk_trace}"))
+    s.write(s.toolkit_config, tk_text + ("\n" + fakegpu_text if fakegpu_text else ""))
+    for host, rel in specs.items():
+        s.write(s.hp(host), s.moved(traces.text(f"{NCT}/{rel}")))
+    if base_text is None:
+        s.write(s.conf, s.moved(traces.text(f"{NCT}/{folder}/etc/containerd/config.toml")))
+        s.write(s.dropin, s.moved(traces.text(f"{NCT}/{folder}/etc/containerd/conf.d/99-nvidia.toml")))
+        return s
+    glob = s.hp("/etc/containerd/conf.d/*.toml")
+    main, drop = runtime_configure(base_text, names, set_as_default="nvidia" if operator else None,
+                                   cdi=kind in ("n1-cdi", "n3"), dropin_glob=glob)  # fmt: skip
+    s.write(s.conf, main)
+    s.write(s.dropin, drop)
     return s
+
+
+def import_images(c: Containerd, d: Path, rootfs: Path, workload_rootfs: Path | None = None) -> None:
+    """Builds and imports the sandbox image (PAUSE_IMAGE, a PATH only) and the workload image
+    (IMAGE, nvidia/cuda's env) from busybox rootfs dirs."""
+    from tests.hook import ociimage
+
+    ociimage.build_image(rootfs, d / "pause.tar", PAUSE_IMAGE, ["sleep", "3600"], env=ociimage.PAUSE_ENV)
+    ociimage.build_image(workload_rootfs or rootfs, d / "img.tar", IMAGE, ["sleep", "3600"])
+    for tar in ("pause.tar", "img.tar"):
+        r = c.ctr("images", "import", "--snapshotter", c.snapshotter, str(d / tar))
+        if r.returncode != 0:
+            raise RuntimeError(f"ctr images import {tar}: {r.stderr}")
 
 
 def wait_exit(rt: Any, cid: str, timeout: float = 60, describe: Any = None) -> Any:

@@ -2,6 +2,13 @@
 
 Used by the containerd test: `ctr images import` takes it like any image
 pulled from a registry, so containerd's CRI path runs exactly as under kubelet.
+
+An image that stands for a CUDA workload carries the env of NVIDIA's nvidia/cuda images
+(`CUDA_ENV`, the default): `NVIDIA_VISIBLE_DEVICES=all` among it, which containerd's CRI keeps
+ahead of the device plugin's value in config.json (recorded with a real kubelet and containerd
+1.6: tests/data/real-traces/containerd-cri/kubelet-pod-cuda-env-image.config.json).  A sandbox
+(pause) image has only a PATH (`PAUSE_ENV`): the sandbox gets the image's env too, and on a
+handler that runs NVIDIA's runtime `all` there would mean every GPU.
 """
 
 from __future__ import annotations
@@ -42,8 +49,22 @@ def _blob(tar: tarfile.TarFile, data: bytes) -> str:
     return f"sha256:{digest}"
 
 
-def build_image(rootfs: Path, out: Path, name: str, cmd: list[str]) -> Path:
-    """Write `out` (an OCI archive) holding one image `name` with rootfs as its single layer."""
+# The Env of nvidia/cuda:12.4.x images (their Dockerfiles set these; NVIDIA_REQUIRE_CUDA is
+# longer there, the driver-branch clauses do not matter here), as in the recorded image.
+CUDA_ENV = [
+    "PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "NVIDIA_VISIBLE_DEVICES=all",
+    "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+    "NVIDIA_REQUIRE_CUDA=cuda>=12.4",
+    "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+]
+PAUSE_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+
+
+def build_image(rootfs: Path, out: Path, name: str, cmd: list[str], env: list[str] | None = None) -> Path:
+    """Write `out` (an OCI archive) holding one image `name` with rootfs as its single layer.
+    `env`: the image config's Env, nvidia/cuda's (`CUDA_ENV`) unless given (`PAUSE_ENV` for a
+    sandbox image)."""
     layer = _layer(rootfs)
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
     with tarfile.open(out, "w") as tar:
@@ -51,7 +72,7 @@ def build_image(rootfs: Path, out: Path, name: str, cmd: list[str]) -> Path:
         config = {
             "architecture": arch,
             "os": "linux",
-            "config": {"Env": ["PATH=/bin"], "Cmd": cmd, "WorkingDir": "/"},
+            "config": {"Env": list(CUDA_ENV if env is None else env), "Cmd": cmd, "WorkingDir": "/"},
             "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
         }
         cfg_bytes = json.dumps(config).encode()

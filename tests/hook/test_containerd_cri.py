@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.hook import ctrd, ociimage, support
+from tests.hook import ctrd, support
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -83,11 +83,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     )
     assert r.returncode == 0, r.stderr
     support.make_rootfs(d / "img")
-    ociimage.build_image(d / "img", d / "img.tar", ctrd.IMAGE, ["sleep", "3600"])
     c.start()
     try:
-        r2 = c.ctr("images", "import", "--snapshotter", c.snapshotter, str(d / "img.tar"))
-        assert r2.returncode == 0, r2.stderr
+        ctrd.import_images(c, d, d / "img")  # the workload image has nvidia/cuda's env
         chan = grpc.insecure_channel(f"unix://{c.sock}")
         rt = cri_grpc.RuntimeServiceStub(chan)
         yield Env(d, c, rt, lib, calls)
@@ -123,8 +121,10 @@ def _create(env: Any, pod: str, sb: Any, name: str, script: str, envs: dict[str,
 
 
 def _run(env: Env, pod: str, sb: Any, name: str, script: str, token_env: str | None, token_ann: str | None) -> Any:
-    envs = {"PATH": "/bin"}
-    ann = {}
+    """The container as kubelet creates it: the device plugin's env and annotation on top of the
+    image's env (nvidia/cuda's, NVIDIA_VISIBLE_DEVICES=all first in config.json)."""
+    envs: dict[str, str] = {}
+    ann: dict[str, str] = {}
     if token_env:
         envs["VGPU_ALLOCATION_TOKEN"] = token_env
         envs["NVIDIA_VISIBLE_DEVICES"] = support.UUID_A
@@ -227,7 +227,53 @@ def test_cri_plain_and_refused_containers(env: Env) -> None:
         env.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod))
 
 
-# ---- the four node shapes: our handler passes through the (stand-in) NVIDIA runtime -----------------
+def _bundle_spec(env: Env, cid: str) -> dict[str, Any]:
+    """The config.json containerd wrote for the running container `cid`."""
+    path = env.c.dir / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / cid / "config.json"
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def test_cri_vgpu_spec_equals_the_plain_spec_but_for_our_hooks(env: Env) -> None:
+    """The same container (a CUDA image, the device plugin's env and annotation) in a pod on the
+    handler without a base spec (`runc`) and in a pod on `vgpu`: the two config.json files
+    containerd writes differ only by our hooks and our annotation - no RLIMIT_NOFILE 1024 (or
+    any other default of `ctr oci spec`) from our base spec; the process sees the same limit."""
+    token = support.write_record(env.state, [(support.UUID_A, 2 << 30, 25)])
+    specs: dict[str, dict[str, Any]] = {}
+    out: dict[str, list[str]] = {}
+    for handler in ("runc", "vgpu"):
+        sb = _sandbox_config(env, "same-pod")
+        pod = env.rt.RunPodSandbox(cri.RunPodSandboxRequest(config=sb, runtime_handler=handler)).pod_sandbox_id
+        try:
+            cid = _run(env, pod, sb, "cuda", "ulimit -n; echo done; exec sleep 300", token, token).container_id
+            env.rt.StartContainer(cri.StartContainerRequest(container_id=cid))
+            log_path = env.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid)).status.log_path
+            out[handler] = _wait_log(log_path, "done")
+            text = json.dumps(_bundle_spec(env, cid))
+            # what differs by construction between two pods: ids, the pod's uid, its pause's pid
+            for old, new in ((cid, "<cid>"), (pod, "<pod>"), (sb.metadata.uid, "<uid>"), (sb.log_directory, "<logs>")):
+                text = text.replace(old, new)
+            spec = json.loads(text)
+            for ns in spec["linux"]["namespaces"]:
+                if "path" in ns:
+                    ns["path"] = "/proc/<pause>/" + ns["path"].split("/", 3)[3]
+            specs[handler] = spec
+            env.rt.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0))
+            _wait_exit(env, cid)
+            env.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid))
+        finally:
+            env.rt.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod))
+            env.rt.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod))
+    plain, vgpu = specs["runc"], specs["vgpu"]
+    assert "rlimits" not in plain["process"] and "rlimits" not in vgpu["process"]
+    assert out["runc"] == out["vgpu"]  # `ulimit -n`: containerd's own limit in both
+    assert "hooks" not in plain and set(vgpu.pop("hooks")) == {"prestart", "poststop"}
+    assert vgpu["annotations"].pop("vgpu.k8s.io/allocation-token") == token
+    assert vgpu == plain
+
+
+# ---- the node shapes: our handler passes through the (stand-in) NVIDIA runtime -----------------------
 
 GIB = 1 << 30
 LIB64 = "/usr/local/nvidia/lib64"  # where the stand-in mounts the driver libraries (CUDA images' path)
@@ -253,6 +299,8 @@ def _add_glibc_program(rootfs: Path, program: Path) -> None:
 
 # n3-cdi: N3 without a .legacy runtime: the handler keeps NVIDIA's runtime in cdi mode and the
 # device plugin names the GPU as a CDI device in an annotation (strategy cdi-annotations).
+# n1-cdi: a host toolkit in cdi mode (its .legacy hook would refuse): the runtime stays in cdi mode
+# and the envvar strategy works through the spec of the default kind, which names GPUs by UUID.
 @pytest.fixture(scope="module", params=[*ctrd.SHAPES, "n3-cdi"])
 def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeEnv]:
     from tests.fakegpu import toolkit as fk
@@ -273,10 +321,13 @@ def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         return fk.toolkit_config_text(gpu, container_lib_dir=LIB64, **kw)
 
     s = ctrd.make_shape(kind, Path("/"), str(d / "host"), base_text=base, runtime_dir=fk.BUILD,
-                        toolkit_text=toolkit_text)  # fmt: skip
+                        toolkit_text=toolkit_text,
+                        fakegpu_text=fk.fakegpu_section(gpu, container_lib_dir=LIB64))  # fmt: skip
     if cdi:
         s.fs(s.binary + ".legacy").unlink()
         fk.write_cdi_spec(s.fs(s.hp("/var/run/cdi")), gpu, container_lib_dir=LIB64)  # kind nvidia.com/gpu
+    if kind == "n1-cdi":  # what `nvidia-ctk cdi generate` writes there, for the simulated GPU
+        fk.write_cdi_spec(s.fs(s.hp("/etc/cdi")), gpu, container_lib_dir=LIB64)
     c.config = Path(s.conf)
     before = s.snapshot()
     python, calls = support.recording_python(d)
@@ -287,15 +338,16 @@ def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
                        capture_output=True, text=True, cwd=support.ROOT)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert f"node type {ctrd.EXPECTED_TYPE[kind]}" in r.stdout, r.stdout
-    assert ("cdi-annotations" in r.stdout) == cdi, r.stdout
+    if kind in ("n1-cdi", "n3"):
+        assert ("legacy-mode sibling" in r.stdout) == (kind == "n3" and not cdi), r.stdout
     img = d / "img"
     support.make_rootfs(img)
     _add_glibc_program(img, support.ROOT / "build" / "fakegpu" / "fakegpu-burn")
-    ociimage.build_image(img, d / "img.tar", ctrd.IMAGE, ["sleep", "3600"])
+    pause = d / "pause"
+    support.make_rootfs(pause)
     c.start()
     try:
-        r2 = c.ctr("images", "import", "--snapshotter", c.snapshotter, str(d / "img.tar"))
-        assert r2.returncode == 0, r2.stderr
+        ctrd.import_images(c, d, pause, img)
         chan = grpc.insecure_channel(f"unix://{c.sock}")
         e = ShapeEnv(d, c, cri_grpc.RuntimeServiceStub(chan), lib, calls)
         e.shape, e.gpu, e.before, e.install_cmd, e.cdi = s, gpu, before, cmd, cdi
@@ -307,7 +359,7 @@ def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 
 def _run_gpu(env: ShapeEnv, pod: str, sb: Any, name: str, script: str, token: str | None) -> Any:
-    envs = {"PATH": "/bin", "LD_LIBRARY_PATH": LIB64}  # as CUDA images
+    envs: dict[str, str] = {}  # PATH, LD_LIBRARY_PATH and NVIDIA_VISIBLE_DEVICES=all come from the image
     ann = {}
     if token:
         envs["VGPU_ALLOCATION_TOKEN"] = token
@@ -348,12 +400,15 @@ def test_shape_vgpu_container_through_the_nvidia_runtime(shape_env: ShapeEnv) ->
         assert info["uuid"] == uuid0 and info["mem_total"] == 2 * GIB, burn_line
         assert env.calls.read_text().split() == ["prestart"]
         env.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid))
-        # a plain container on the same handler: nothing of ours, and Python never started
+        # a plain container on the same handler: nothing of ours, and Python never started.  Its
+        # image's NVIDIA_VISIBLE_DEVICES=all still asks NVIDIA's runtime for every GPU, which the
+        # toolkit's default (accept-nvidia-visible-devices-envvar-when-unprivileged = true) grants:
+        # no limits then - `vgpuctl doctor` WARNs about exactly this (docs/node-types.md).
         cid2 = _run_gpu(env, pod, sb, "plain", "test -e /run/vgpu && echo has-vgpu || echo no-vgpu; "
                         "test -e /dev/nvidia0 && echo has-gpu || echo no-gpu", None).container_id  # fmt: skip
         env.rt.StartContainer(cri.StartContainerRequest(container_id=cid2))
         st2 = _wait_exit(env, cid2)
-        assert st2.exit_code == 0 and _log_lines(st2.log_path) == ["no-vgpu", "no-gpu"]
+        assert st2.exit_code == 0 and _log_lines(st2.log_path) == ["no-vgpu", "has-gpu"]
         assert env.calls.read_text().split() == ["prestart"]
         env.rt.RemoveContainer(cri.RemoveContainerRequest(container_id=cid2))
     finally:

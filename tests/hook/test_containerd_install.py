@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from runtime_hook import cli, containerd
+from runtime_hook import cli, containerd, nodetype
 from tests.hook import ctrd
 
 pytestmark = pytest.mark.timeout(120)
@@ -172,12 +172,13 @@ HAVE_CONTAINERD = ctrd.HAVE_CONTAINERD
 
 
 def _shape(kind: str, tmp: Path, mode: str) -> tuple[ctrd.Shape, list[str]]:
-    """The shape, and the args that point install at it (--root for a host tree)."""
+    """The shape (the files NVIDIA's tools wrote), and the args that point install at it (--root
+    for a host tree)."""
     if mode == "root":
-        s = ctrd.make_shape(kind, tmp / "host", "", base_text=V1_CONFIG)
+        s = ctrd.make_shape(kind, tmp / "host", "")
         _host_hook(s)
         return s, ["--root", str(s.root), "--containerd-config", s.conf]
-    s = ctrd.make_shape(kind, Path("/"), str(tmp / "host"), base_text=V1_CONFIG)
+    s = ctrd.make_shape(kind, Path("/"), str(tmp / "host"))
     return s, ["--containerd-config", s.conf]
 
 
@@ -210,21 +211,25 @@ def test_install_on_each_shape_copies_the_nvidia_handler_and_restores_bytes(
     assert _run(tmp_path, "install", *common) == 0
     msg = capsys.readouterr().out
     assert f"node type {ctrd.EXPECTED_TYPE[kind]}" in msg
-    drop = s.hp("/etc/containerd/conf.d/99-nvidia.toml")
-    target = drop if kind == "n1-118" else s.conf
+    target = s.conf if kind == "n1-117" else s.dropin  # toolkit 1.20: the drop-in owns the CRI section
     doc = tomlkit.parse(s.fs(target).read_text()).unwrap()
     rts = doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
     vg, nv = rts["vgpu"], rts["nvidia"]
-    binary = s.binary + ".legacy" if kind == "n3" else s.binary  # cdi mode: the legacy sibling
+    # cdi mode: the legacy sibling only where its hook accepts (the operator's skip-mode-detection);
+    # a host toolkit in cdi mode keeps the runtime in cdi mode
+    binary = s.binary + ".legacy" if kind == "n3" else s.binary
     assert vg["options"] == {**nv["options"], "BinaryName": binary}  # the whole table copied
-    assert vg["runtime_type"] == nv["runtime_type"] and vg["options"]["SystemdCgroup"] is True
+    assert vg["runtime_type"] == nv["runtime_type"]
+    assert {k: v for k, v in vg.items() if k not in ("options", "base_runtime_spec", "container_annotations")} == {
+        k: v for k, v in nv.items() if k not in ("options", "base_runtime_spec", "container_annotations")
+    }
     assert vg["container_annotations"] == ["vgpu.k8s.io/*", "cdi.k8s.io/*"]
     spec_path = vg["base_runtime_spec"]
     assert spec_path == s.hp("/etc/containerd/vgpu-base-spec.json")  # a host path, also under --root
     spec = json.loads(s.fs(spec_path).read_text())
     args = spec["hooks"]["prestart"][-1]["args"]
     assert "/usr/local/vgpu/bin/python3" in args and "/usr/local/vgpu/runtime_hook/fastpath.py" in args
-    if kind == "n1-118":  # the main file is untouched: its CRI section is not the effective one
+    if kind != "n1-117":  # the main file is untouched: its CRI section is not the effective one
         assert s.fs(s.conf).read_bytes() == before[os.path.relpath(s.conf, s.hp("/"))]
     if mode == "dump":  # containerd itself sees the handler after the merge
         eff = _dump(s.conf)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]  # type: ignore[index]
@@ -240,7 +245,7 @@ def test_handler_in_the_main_file_is_lost_under_99_nvidia(tmp_path: Path) -> Non
     """Why install edits the drop-in on 1.x: containerd 1.6 drops a handler added to the main file."""
     if not HAVE_CONTAINERD:
         pytest.skip("containerd not installed")
-    s = ctrd.make_shape("n1-118", Path("/"), str(tmp_path / "host"), base_text=V1_CONFIG)
+    s = ctrd.make_shape("n1-118", Path("/"), str(tmp_path / "host"))
     text = s.fs(s.conf).read_text()
     s.fs(s.conf).write_text(containerd.edit_v2(text, "vgpu", {"runtime_type": "io.containerd.runc.v2"}, False))
     eff = _dump(s.conf)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]  # type: ignore[index]
@@ -264,17 +269,121 @@ def test_refuses_without_nvidia_runtime(tmp_path: Path, spec_src: Path, capsys: 
     assert conf.read_text() == V1_CONFIG
 
 
-def test_n3_without_legacy_binary_keeps_cdi_and_says_what_the_plugin_needs(
+def _rt(s: ctrd.Shape, target: str) -> dict[str, object]:
+    doc = tomlkit.parse(s.fs(target).read_text()).unwrap()
+    rts: dict[str, object] = doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    return rts
+
+
+def test_host_toolkit_in_cdi_mode_keeps_the_cdi_runtime(
     tmp_path: Path, spec_src: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    s = ctrd.make_shape("n3", tmp_path / "host", "", base_text=V1_CONFIG)
-    s.fs(s.binary + ".legacy").unlink()
+    """Problem: a host toolkit in cdi mode (nvidia-ctk config default + mode = "cdi") has a
+    `.legacy` runtime, but its hook refuses (skip-mode-detection = false).  Install keeps the
+    runtime in cdi mode and says the envvar strategy works: the CDI spec of the default kind
+    (nvidia-ctk cdi generate) names the GPUs by UUID."""
+    s = ctrd.make_shape("n1-cdi", tmp_path / "host", "")
     where = ["--root", str(s.root), "--containerd-config", s.conf, "--base-spec-source", str(spec_src), *_host_hook(s)]
     assert _run(tmp_path, "install", *where) == 0
     out = capsys.readouterr().out
-    assert "cdi-annotations" in out and "management.nvidia.com/gpu" in out
-    rt = tomlkit.parse(s.fs(s.conf).read_text())["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
-    assert rt["vgpu"]["options"]["BinaryName"] == s.binary
+    assert "node type N1-cdi" in out and "N3" not in out
+    assert s.binary + ".legacy is not used: its hook refuses in cdi mode" in out
+    assert "envvar strategy works (NVIDIA_VISIBLE_DEVICES=<uuid> becomes nvidia.com/gpu=<uuid>" in out
+    assert _rt(s, s.dropin)["vgpu"]["options"]["BinaryName"] == s.binary  # type: ignore[index]
+
+
+def test_operator_in_cdi_mode_uses_the_legacy_sibling_its_hook_accepts(
+    tmp_path: Path, spec_src: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = ctrd.make_shape("n3", tmp_path / "host", "")
+    where = ["--root", str(s.root), "--containerd-config", s.conf, "--base-spec-source", str(spec_src), *_host_hook(s)]
+    assert _run(tmp_path, "install", *where) == 0
+    out = capsys.readouterr().out
+    assert "legacy-mode sibling" in out and "skip-mode-detection = true" in out
+    assert _rt(s, s.dropin)["vgpu"]["options"]["BinaryName"] == s.binary + ".legacy"  # type: ignore[index]
+    # without a .legacy: cdi mode kept; the installer's management spec names no GPU by UUID
+    m = ctrd.make_shape("n3", tmp_path / "host2", "")
+    m.fs(m.binary + ".legacy").unlink()
+    where = ["--root", str(m.root), "--containerd-config", m.conf, "--base-spec-source", str(spec_src), *_host_hook(m)]
+    assert _run(tmp_path, "install", *where) == 0
+    out = capsys.readouterr().out
+    assert "no CDI spec of kind nvidia.com/gpu names GPUs by UUID" in out and "cdi-annotations" in out
+    assert _rt(m, m.dropin)["vgpu"]["options"]["BinaryName"] == m.binary  # type: ignore[index]
+
+
+@pytest.mark.parametrize("mode", ["root", "dump"] if HAVE_CONTAINERD else ["root"])
+def test_refuses_a_containerd_whose_cri_cannot_load(
+    mode: str, tmp_path: Path, spec_src: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Debian's config.toml + nvidia-ctk 1.20's drop-in (recorded) on containerd 1.x: the CRI
+    plugin cannot load (runc missing from the replaced runtimes table).  Install says so with the
+    fix and writes nothing, instead of "configured"."""
+    from tests.support import traces
+
+    root = tmp_path / "host" if mode == "root" else Path("/")
+    s = ctrd.Shape("n1-118", root, "" if mode == "root" else str(tmp_path / "host"))
+    rec = "nvidia-toolkit/runtime-configure/debian-plain/etc/containerd/"
+    s.write(s.conf, s.moved(traces.text(rec + "config.toml")))
+    s.write(s.dropin, s.moved(traces.text(rec + "conf.d/99-nvidia.toml")))
+    s.write(s.hp("/usr/bin/nvidia-container-runtime"), "#!/bin/sh\n", 0o755)
+    s.write(
+        s.hp("/etc/nvidia-container-runtime/config.toml"), traces.text("nvidia-toolkit/nvidia-ctk-config-default.toml")
+    )
+    where = ["--containerd-config", s.conf, "--base-spec-source", str(spec_src)]
+    where += ["--root", str(s.root), *_host_hook(s)] if mode == "root" else []
+    before = s.snapshot()
+    assert _run(tmp_path, "install", *where) == 1
+    err = capsys.readouterr().err
+    assert "containerd's CRI plugin will not load" in err
+    assert (
+        'no corresponding runtime configured in `containerd.runtimes` for `containerd` `default_runtime_name = "runc"'
+        in err
+    )
+    assert "runtimes.runc] runtime_type" in err and s.dropin in err
+    assert s.snapshot() == before
+    assert _run(tmp_path, "print", *where) == 1  # print plans the same install
+
+
+def test_base_spec_drops_the_defaults_cri_clears(tmp_path: Path) -> None:
+    """`ctr oci spec` (recorded, 1.6.20) carries RLIMIT_NOFILE 1024/1024, which CRI clears for a
+    handler without base_runtime_spec (WithoutDefaultSecuritySettings): our base spec must not
+    bring it back.  Everything else of the default spec stays, plus our hooks."""
+    from tests.support import traces
+
+    src = traces.path("containerd-cri/ctr-oci-spec.containerd-1.6.20.json")
+    ctr = json.loads(src.read_text())
+    assert ctr["process"]["rlimits"] == [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}]
+    conf = tmp_path / "config.toml"
+    conf.write_text(V1_CONFIG)
+    assert _run(tmp_path, "install", "--containerd-config", str(conf), "--base-spec-source", str(src),
+                "--containerd-version", "1", NO_NV) == 0  # fmt: skip
+    spec = json.loads((tmp_path / "vgpu-base-spec.json").read_text())
+    assert "rlimits" not in spec["process"] and "apparmorProfile" not in spec["process"]
+    assert "seccomp" not in spec["linux"]
+    hooks = spec.pop("hooks")
+    assert [h["args"][3] for h in hooks["prestart"] + hooks["poststop"]] == ["vgpu-hook", "vgpu-hook"]
+    del ctr["process"]["rlimits"]
+    assert spec == ctr
+
+
+def test_2x_install_on_the_default_version_4_config(tmp_path: Path, spec_src: Path) -> None:
+    """containerd 2.3's own default config (version 4, imports conf.d already): our drop-in only."""
+    from tests.support import traces
+
+    conf = tmp_path / "etc/containerd/config.toml"
+    conf.parent.mkdir(parents=True)
+    text = traces.text("containerd2/config-default.containerd-2.3.4.toml")
+    conf.write_text(text.replace("'/etc/containerd/conf.d/*.toml'", f"'{conf.parent}/conf.d/*.toml'"))
+    original = conf.read_bytes()
+    common = ["--containerd-config", str(conf), "--base-spec-source", str(spec_src), NO_NV]
+    assert _run(tmp_path, "install", *common) == 0
+    assert conf.read_bytes() == original  # the import is there already
+    drop = tomlkit.parse((conf.parent / "conf.d" / "vgpu.toml").read_text()).unwrap()
+    assert drop["version"] == 3 and "vgpu" in drop["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    f = nodetype.detect(str(conf), containerd_bin=str(tmp_path / "none"), major=2)
+    assert f.handler("vgpu") is not None and f.handler("runc") is not None and f.cri_error == ""
+    assert _run(tmp_path, "uninstall", "--containerd-config", str(conf)) == 0
+    assert conf.read_bytes() == original and not (conf.parent / "conf.d" / "vgpu.toml").exists()
 
 
 def test_v2_dropin_copies_the_nvidia_handler(tmp_path: Path, spec_src: Path) -> None:
@@ -296,7 +405,7 @@ def test_v2_dropin_copies_the_nvidia_handler(tmp_path: Path, spec_src: Path) -> 
 
 
 def test_root_needs_host_paths_for_the_hook(tmp_path: Path, spec_src: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    s = ctrd.make_shape("n1-117", tmp_path / "host", "", base_text=V1_CONFIG)
+    s = ctrd.make_shape("n1-117", tmp_path / "host", "")
     before = s.snapshot()
     where = ["--root", str(s.root), "--containerd-config", s.conf, "--base-spec-source", str(spec_src)]
     assert _run(tmp_path, "install", *where) == 1  # this interpreter's path means nothing on the host
@@ -310,7 +419,7 @@ def test_root_needs_host_paths_for_the_hook(tmp_path: Path, spec_src: Path, caps
 
 
 def test_detect_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    s = ctrd.make_shape("n2", tmp_path / "host", "", base_text=V1_CONFIG)
+    s = ctrd.make_shape("n2", tmp_path / "host", "")
     assert _run(tmp_path, "detect", "--root", str(s.root), "--json") == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["node_type"] == "N2" and facts["nvidia_handler"] == "nvidia"

@@ -71,8 +71,76 @@ def test_env_outside(value: str, named: str) -> None:
     assert msg == f"NVIDIA_VISIBLE_DEVICES names GPUs outside the vGPU allocation: {named}"
 
 
-def test_every_env_occurrence_counts() -> None:
-    assert outside(spec([f"NVIDIA_VISIBLE_DEVICES={A}", "NVIDIA_VISIBLE_DEVICES=all"]))
+def test_the_last_env_occurrence_is_the_one_judged() -> None:
+    """containerd writes the image's env, then the container's, duplicates kept; NVIDIA's runtime
+    (image.WithEnv: a map) and the container's process act on the last one."""
+    assert outside(spec(["NVIDIA_VISIBLE_DEVICES=all", f"NVIDIA_VISIBLE_DEVICES={A}"])) == []  # CUDA image
+    assert outside(spec([f"NVIDIA_VISIBLE_DEVICES={A}", "NVIDIA_VISIBLE_DEVICES=void"])) == []  # after CDI edits
+    [msg] = outside(spec([f"NVIDIA_VISIBLE_DEVICES={A}", "NVIDIA_VISIBLE_DEVICES=all"]))
+    assert msg == "NVIDIA_VISIBLE_DEVICES names GPUs outside the vGPU allocation: all"
+    [msg] = outside(spec([f"NVIDIA_VISIBLE_DEVICES={A}", f"NVIDIA_VISIBLE_DEVICES= {B} , {A}"]))
+    assert msg.endswith(B)
+
+
+def test_swarm_resource_env_is_checked_too() -> None:
+    """DOCKER_RESOURCE_GPU (the toolkit's documented swarm-resource) wins over
+    NVIDIA_VISIBLE_DEVICES where configured: the hook cannot know, so it is judged as well."""
+    assert outside(spec([f"DOCKER_RESOURCE_GPU={A}"])) == []
+    [msg] = outside(spec([f"NVIDIA_VISIBLE_DEVICES={A}", "DOCKER_RESOURCE_GPU=all"]))
+    assert msg == "DOCKER_RESOURCE_GPU names GPUs outside the vGPU allocation: all"
+
+
+def _trace_spec(rel: str) -> dict[str, Any]:
+    from tests.support import traces
+
+    data: dict[str, Any] = traces.load_json(rel)
+    return data
+
+
+# GPU named by the recording plugin's Allocate in the kubelet run, and by the CRI env in K6(d).
+KUBELET_UUID = "GPU-8e1f0a9b-7c2d-4b3e-a5f6-3c4d5e6f7a02-0"
+TOOLKIT_UUID = "GPU-0cf1b5a4-fb54-4cf0-abc9-7ae0c47f0105"
+
+
+@pytest.mark.parametrize(
+    ("rel", "uuid"),
+    [
+        # a real kubelet + containerd 1.6 pod from an image with nvidia/cuda's env
+        ("containerd-cri/kubelet-pod-cuda-env-image.config.json", KUBELET_UUID),
+        # config.json of the same kind before and after the real nvidia-container-runtime (cdi mode)
+        ("nvidia-toolkit/runtime-edit/envvar-cudaimg/container.before.config.json", TOOLKIT_UUID),
+        ("nvidia-toolkit/runtime-edit/envvar-cudaimg/container.after.config.json", TOOLKIT_UUID),
+        ("nvidia-toolkit/runtime-edit/envvar/container.after.config.json", TOOLKIT_UUID),
+        ("nvidia-toolkit/runtime-edit/cdiann/container.after.config.json", TOOLKIT_UUID),
+    ],
+)
+def test_recorded_cuda_image_specs_pass_the_hook_check(rel: str, uuid: str) -> None:
+    """The config.json files containerd and NVIDIA's runtime really wrote: the vGPU container of
+    a CUDA image (NVIDIA_VISIBLE_DEVICES=all, then the plugin's UUID) is inside its allocation,
+    and the same spec against an allocation of another GPU is refused, naming the GPU."""
+    s = _trace_spec(rel)
+    env = s["process"]["env"]
+    assert oci.gpu_requests_outside(s, {uuid}, "/nonexistent") == []
+    if env[-1] == "NVIDIA_VISIBLE_DEVICES=void":
+        # after NVIDIA's CDI edits: the injected device node is what counts (next test)
+        assert "/dev/nvidia0" in [d["path"] for d in s["linux"]["devices"]]
+        return
+    assert oci.gpu_requests_outside(s, {B}, "/nonexistent") == [
+        f"NVIDIA_VISIBLE_DEVICES names GPUs outside the vGPU allocation: {uuid}"
+    ]
+
+
+def test_recorded_specs_device_nodes_against_the_driver(tmp_path: Path) -> None:
+    """After the real runtime's CDI edits, the injected /dev/nvidia0 is mapped through the driver's
+    /proc files: our GPU passes, another GPU's allocation is refused."""
+    d = tmp_path / "0000:01:00.0"
+    d.mkdir()
+    (d / "information").write_text(f"GPU UUID: \t {TOOLKIT_UUID}\nDevice Minor: \t 0\n")
+    s = _trace_spec("nvidia-toolkit/runtime-edit/envvar-cudaimg/container.after.config.json")
+    assert oci.gpu_requests_outside(s, {TOOLKIT_UUID}, str(tmp_path)) == []
+    assert oci.gpu_requests_outside(s, {B}, str(tmp_path)) == [
+        "device nodes of GPUs outside the vGPU allocation: /dev/nvidia0"
+    ]
 
 
 def test_volume_mounts() -> None:
@@ -82,6 +150,18 @@ def test_volume_mounts() -> None:
     for dev in (B, "all", "0", f"cdi/nvidia.com/gpu/{B}", "cdi/nvidia.com/gpu=all"):
         [msg] = outside(spec(mounts=[f"{ROOT}/{dev}"]))
         assert msg == f"volume mount {ROOT}/{dev} names a GPU outside the vGPU allocation"
+
+
+def test_volume_mount_prefix_matched_as_the_runtime_does() -> None:
+    """requestsFromMounts (cuda_image.go@v1.20.0): HasPrefix(Clean(dst), root) with no `/` after
+    the root, the device is the rest with `/` trimmed; `imex/` requests are channels, no GPU."""
+    for dev in ("all", B):
+        [msg] = outside(spec(mounts=[f"{ROOT}{dev}"]))
+        assert msg == f"volume mount {ROOT}{dev} names a GPU outside the vGPU allocation"
+    assert outside(spec(mounts=[f"{ROOT}{A}", ROOT, f"{ROOT}/imex/0"])) == []
+    # cdi/<vendor>/<class>/<device>: SplitN(.., 3), the device keeps any further `/`
+    [msg] = outside(spec(mounts=[f"{ROOT}/cdi/nvidia.com/gpu/{A}/x"]))
+    assert "names a GPU outside" in msg
 
 
 @pytest.mark.parametrize(

@@ -204,7 +204,7 @@ def node(image: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Ite
     c.config = Path(s.conf)
     pause = d / "pause"
     hooksupport.make_rootfs(pause)
-    ociimage.build_image(pause, d / "pause.tar", ctrd.IMAGE, ["sleep", "3600"])
+    ociimage.build_image(pause, d / "pause.tar", ctrd.PAUSE_IMAGE, ["sleep", "3600"], env=ociimage.PAUSE_ENV)
     c.start()
     try:
         for archive in (d / "pause.tar", Path(image["oci_archive"])):

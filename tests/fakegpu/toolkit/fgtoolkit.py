@@ -2,48 +2,59 @@
 
 `nvidia-container-runtime` (+ `.legacy`, `.cdi`), `nvidia-container-runtime-hook` and
 `fakegpu-cdi` (this directory; `make` installs them into build/fakegpu/) import this module from
-their own directory.  Standard library only, Python >= 3.11 (tomllib): they run under
-containerd-shim's environment, with the system python3 and no venv.
+their own directory.  Standard library only (PyYAML, Debian's python3-yaml, for YAML CDI specs),
+Python >= 3.11 (tomllib): they run under containerd-shim's environment, with the system python3
+and no venv.
 
-What the real toolkit does, with citations, and what this stand-in leaves out: docs/fakegpu.md
-"The simulated container toolkit" and /work/shared/reference/gpu-injection.md §2.
+A model of NVIDIA Container Toolkit 1.20.0 (commit d34b3046), written from its source; each
+behaviour cites the file/function it models (paths are the toolkit repository's; `cdi/...` is the
+vendored tags.cncf.io/container-device-interface v1.1.0, `runtime-tools/...` the vendored
+opencontainers/runtime-tools).  Checked against the recorded real runs in
+tests/data/real-traces/nvidia-toolkit/runtime-edit (tests/sim/test_toolkit.py replays them).
+What this stand-in leaves out: docs/fakegpu.md "The simulated container toolkit".
 """
 
 from __future__ import annotations
 
 import ctypes
+import datetime
 import json
 import os
-import re
 import stat
 import sys
 from typing import Any
 
 import tomllib
 
-VOLUME_ROOT = "/var/run/nvidia-container-devices"
+VOLUME_ROOT = "/var/run/nvidia-container-devices"  # image.DeviceListAsVolumeMountsRoot
 NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit")
 DRIVER_ENV = "/etc/fakegpu/driver.env"  # read by the fakegpu libraries (src/fg_visible.c)
 CONTAINER_STATE = "/var/lib/fakegpu/fakegpu.state"
 CONTAINER_CONFIG = "/var/lib/fakegpu/fakegpu.conf"
 DEFAULT_KIND = "nvidia.com/gpu"
+JIT_KIND = "runtime.nvidia.com/gpu"  # internal/modifier/cdi.go: automaticDeviceKind
 DEFAULT_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 HERE = os.path.dirname(os.path.realpath(__file__))
-# A CDI name: vendor/class=device (cncf-tags/container-device-interface pkg/parser).
-_QUALIFIED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9_.-]*=[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+MODES = ("legacy", "csv", "jit-cdi", "cdi")  # internal/modifier/factory.go: validate
+LEVELS = {"trace": 0, "debug": 1, "info": 2, "warning": 3, "error": 4}
+# cmd/nvidia-container-runtime-hook/hook_config.go: assertModeIsLegacy
+HOOK_MODE_ERROR = (
+    "invoking the NVIDIA Container Runtime Hook directly (e.g. specifying the docker --gpus flag) is not "
+    "supported. Please use the NVIDIA Container Runtime (e.g. specify the --runtime=nvidia flag) instead"
+)
 
 
 class ToolkitError(Exception):
-    """One line for the user (stderr and the runtime's --log file)."""
+    """The error the program logs at level error (and exits 1 with)."""
 
 
-# ---- configuration ------------------------------------------------------------------------
+# ---- configuration (api/config/v1/config.go, runtime.go, hook.go) --------------------------
 
 
 def config_file(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
     """NVIDIA_CTK_CONFIG_FILE_PATH, else $XDG_CONFIG_HOME/nvidia-container-runtime/config.toml,
-    else /etc/nvidia-container-runtime/config.toml (api/config/v1/config.go@v1.20.0)."""
+    else /etc/nvidia-container-runtime/config.toml (config.go: GetConfigFilePath)."""
     if env.get("NVIDIA_CTK_CONFIG_FILE_PATH"):
         return env["NVIDIA_CTK_CONFIG_FILE_PATH"]
     if env.get("XDG_CONFIG_HOME"):
@@ -51,8 +62,13 @@ def config_file(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
     return "/etc/nvidia-container-runtime/config.toml"
 
 
+def _list(v: Any, default: list[str]) -> list[str]:
+    return [str(x) for x in v] if isinstance(v, list) else default
+
+
 def load_config(path: str | None = None) -> dict[str, Any]:
-    """The toolkit config with NVIDIA's defaults filled in (a missing file: all defaults)."""
+    """The toolkit config with NVIDIA's defaults filled in (a missing file: all defaults,
+    config.go: GetDefault)."""
     path = path or config_file()
     raw: dict[str, Any] = {}
     try:
@@ -61,7 +77,7 @@ def load_config(path: str | None = None) -> dict[str, Any]:
     except FileNotFoundError:
         pass
     except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ToolkitError(f"config {path}: {e}") from None
+        raise ToolkitError(f"error loading config: {path}: {e}") from None
     rt = raw.get("nvidia-container-runtime", {})
     cdi = rt.get("modes", {}).get("cdi", {})
     hook = raw.get("nvidia-container-runtime-hook", {})
@@ -70,13 +86,16 @@ def load_config(path: str | None = None) -> dict[str, Any]:
         "path": path,
         "accept_envvar_unprivileged": bool(raw.get("accept-nvidia-visible-devices-envvar-when-unprivileged", True)),
         "accept_volume_mounts": bool(raw.get("accept-nvidia-visible-devices-as-volume-mounts", False)),
+        "swarm_resource": str(raw.get("swarm-resource", "")),
         "mode": str(rt.get("mode", "auto")),
-        "runtimes": list(rt.get("runtimes", ["runc", "crun"])),
+        "runtimes": _list(rt.get("runtimes"), ["runc", "crun"]),
         "log_level": str(rt.get("log-level", "info")),
+        "debug": str(rt.get("debug", "")),
         "default_kind": str(cdi.get("default-kind", DEFAULT_KIND)),
-        "annotation_prefixes": list(cdi.get("annotation-prefixes", ["cdi.k8s.io/"])),
-        "spec_dirs": list(cdi.get("spec-dirs", ["/etc/cdi", "/var/run/cdi"])),
+        "annotation_prefixes": _list(cdi.get("annotation-prefixes"), ["cdi.k8s.io/"]),
+        "spec_dirs": _list(cdi.get("spec-dirs"), ["/etc/cdi", "/var/run/cdi"]),
         "hook_path": str(hook.get("path", "") or os.path.join(HERE, "nvidia-container-runtime-hook")),
+        "skip_mode_detection": bool(hook.get("skip-mode-detection", False)),
         "fakegpu": {
             "config": str(fg.get("config", "")),
             "state": str(fg.get("state", "/tmp/fakegpu.state")),
@@ -84,6 +103,62 @@ def load_config(path: str | None = None) -> dict[str, Any]:
             "container_lib_dir": str(fg.get("container-lib-dir", DEFAULT_LIB_DIR)),
         },
     }
+
+
+def resolve_hook_path(path: str) -> str:
+    """config.go: ResolveNVIDIAContainerRuntimeHookPath - a bare name is looked up on PATH (and
+    beside this program, where `make` installs the stand-in hook); an absolute path is kept."""
+    if os.path.isabs(path):
+        return path
+    for d in [*os.environ.get("PATH", "").split(os.pathsep), HERE]:
+        p = os.path.join(d or ".", path)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return os.path.join("/usr/bin", path)
+
+
+# ---- logging (internal/runtime/logger.go: Logger.Update) -----------------------------------
+
+
+class Logger:
+    """Lines at or above `log-level` go to the config's `debug` file and to runc's `--log` file,
+    JSON with `--log-format json` (logrus JSONFormatter: level, msg, time); nothing to stderr.
+    containerd-shim-runc-v2 reads the runtime's failure from that file: the last line whose level
+    is `error` (process/utils.go: getLastRuntimeError) - debug and info lines are not failures."""
+
+    def __init__(self, cfg: dict[str, Any] | None = None, args: list[str] | None = None) -> None:
+        self.level = LEVELS.get((cfg or {}).get("log_level", "info"), LEVELS["info"])
+        self.files = [f for f in ((cfg or {}).get("debug", ""), log_file(args or [])) if f and f != "/dev/null"]
+        self.json = log_format(args or []) == "json"
+        self.lines: list[tuple[str, str]] = []
+
+    def log(self, level: str, msg: str) -> None:
+        self.lines.append((level, msg))
+        if LEVELS[level] < self.level:
+            return
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.json:
+            line = json.dumps({"level": level, "msg": msg, "time": now}, separators=(",", ":"))
+        else:
+            line = f'time="{now}" level={level} msg={json.dumps(msg)}'
+        for path in self.files:
+            try:
+                with open(path, "a") as f:
+                    f.write(line + "\n")
+            except OSError:
+                pass
+
+    def debug(self, msg: str) -> None:
+        self.log("debug", msg)
+
+    def info(self, msg: str) -> None:
+        self.log("info", msg)
+
+    def warning(self, msg: str) -> None:
+        self.log("warning", msg)
+
+    def error(self, msg: str) -> None:
+        self.log("error", msg)
 
 
 # ---- the simulated GPUs -----------------------------------------------------------------------
@@ -129,11 +204,10 @@ def _node(path: str) -> dict[str, Any]:
     return {"path": path, "hostPath": "/dev/null"}
 
 
-def generate_spec(fg: dict[str, Any], kind: str = DEFAULT_KIND) -> dict[str, Any]:
-    """The CDI spec of the simulated GPUs: one device per UUID and per index, plus `all`; the
-    common edits mount the driver libraries and the state, set the driver's env and
-    NVIDIA_VISIBLE_DEVICES=void as NVIDIA's generated specs do (pkg/nvcdi/wrapper.go@v1.20.0:99)."""
-    gpus = fakegpu_devices(fg["config"])
+def common_edits(fg: dict[str, Any]) -> dict[str, Any]:
+    """The edits every device of the simulated driver needs: /dev/nvidiactl, the libraries, the
+    state, the driver's env, and NVIDIA_VISIBLE_DEVICES=void LAST (pkg/nvcdi/wrapper.go:
+    GetCommonEdits appends it to the generated common edits)."""
     lib_dir = fg["container_lib_dir"].rstrip("/")
     mounts = [
         {
@@ -143,7 +217,7 @@ def generate_spec(fg: dict[str, Any], kind: str = DEFAULT_KIND) -> dict[str, Any
         }
         for lib in LIBS
     ]
-    env = ["NVIDIA_VISIBLE_DEVICES=void", f"FAKEGPU_STATE={CONTAINER_STATE}", "FAKEGPU_VISIBLE_DEVICES=/dev"]
+    env = [f"FAKEGPU_STATE={CONTAINER_STATE}", "FAKEGPU_VISIBLE_DEVICES=/dev"]
     mounts.append(
         {"hostPath": fg["state"], "containerPath": CONTAINER_STATE, "options": ["rw", "nosuid", "nodev", "bind"]}
     )
@@ -152,232 +226,519 @@ def generate_spec(fg: dict[str, Any], kind: str = DEFAULT_KIND) -> dict[str, Any
             {"hostPath": fg["config"], "containerPath": CONTAINER_CONFIG, "options": ["ro", "nosuid", "nodev", "bind"]}
         )
         env.append(f"FAKEGPU_CONFIG={CONTAINER_CONFIG}")
+    env.append("NVIDIA_VISIBLE_DEVICES=void")
+    return {"env": env, "deviceNodes": [_node("/dev/nvidiactl")], "mounts": mounts}
+
+
+def _sorted_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """pkg/nvcdi/spec/builder.go: every spec nvcdi builds goes through transform.NewSimplifier,
+    whose sorter orders devices by name and each edits' device nodes and mounts by the number of
+    `/` in the (container) path, then the path (pkg/nvcdi/transform/sorter.go)."""
+
+    def by_path(key: str) -> Any:
+        return lambda e: (os.path.normpath(e[key]).count("/"), e[key])
+
+    for edits in [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]:
+        if edits.get("deviceNodes"):
+            edits["deviceNodes"] = sorted(edits["deviceNodes"], key=by_path("path"))
+        if edits.get("mounts"):
+            edits["mounts"] = sorted(edits["mounts"], key=by_path("containerPath"))
+    spec["devices"] = sorted(spec["devices"], key=lambda d: d["name"])
+    return spec
+
+
+def generate_spec(fg: dict[str, Any], kind: str = DEFAULT_KIND) -> dict[str, Any]:
+    """The CDI spec of the simulated GPUs as `nvidia-ctk cdi generate` makes it: each GPU by index
+    and by UUID, then `all`, sorted by name (recorded with one GPU:
+    tests/data/real-traces/nvidia-toolkit/cdi-spec/nvidia.com-gpu.json; with two, the real
+    generator on the simulated NVML wrote 0, 1, GPU-.., GPU-.., all), and the common edits."""
+    gpus = fakegpu_devices(fg["config"])
     devices = []
     for g in gpus:
         edits = {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}")]}
-        devices.append({"name": g["uuid"], "containerEdits": edits})
         devices.append({"name": str(g["index"]), "containerEdits": edits})
+        devices.append({"name": g["uuid"], "containerEdits": edits})
     devices.append(
         {"name": "all", "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}") for g in gpus]}}
     )
-    return {
-        "cdiVersion": "0.5.0",
-        "kind": kind,
-        "devices": devices,
-        "containerEdits": {"env": env, "deviceNodes": [_node("/dev/nvidiactl")], "mounts": mounts},
-    }
+    return _sorted_spec({"cdiVersion": "0.5.0", "kind": kind, "devices": devices, "containerEdits": common_edits(fg)})
 
 
-# ---- which devices a container asks for (internal/config/image/cuda_image.go@v1.20.0) ---------
+def jit_spec(fg: dict[str, Any], ids: list[str]) -> dict[str, Any]:
+    """jit-cdi: an in-memory spec of kind runtime.nvidia.com/gpu for exactly the requested ids
+    (pkg/nvcdi/lib-nvml.go: getDeviceSpecGeneratorsForIDs - `none` is an empty device, `all`
+    every GPU, else an index or UUID; unknown ones fail; no ids means `all`, wrapper.go: GetSpec)."""
+    gpus = fakegpu_devices(fg["config"])
+    by_id = {str(g["index"]): g for g in gpus} | {g["uuid"]: g for g in gpus}
+    devices: list[dict[str, Any]] = []
+    for i in ids or ["all"]:
+        if i == "none":
+            devices = [{"name": "none", "containerEdits": {}}]
+            break
+        if i == "all":
+            devices = [{"name": str(g["index"]), "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}")]}}
+                       for g in gpus]  # fmt: skip
+            break
+        g = by_id.get(i)
+        if g is None:
+            raise ToolkitError(
+                f'failed to generate CDI spec for mode "auto": failed to construct device spec generators: '
+                f"failed to get device handle from UUID: ERROR_NOT_FOUND ({i})"
+            )
+        devices.append({"name": g["uuid"], "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}")]}})
+    return _sorted_spec(
+        {"cdiVersion": "0.5.0", "kind": JIT_KIND, "devices": devices, "containerEdits": common_edits(fg)}
+    )
 
 
-def _env(spec: dict[str, Any]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in (spec.get("process") or {}).get("env") or []:
-        k, sep, v = str(item).partition("=")
-        if sep:
-            out[k] = v  # the last one wins, as in the container's environ
-    return out
+# ---- CDI names (cdi/pkg/parser/parser.go) ----------------------------------------------------
 
 
-def privileged(spec: dict[str, Any]) -> bool:
-    caps = ((spec.get("process") or {}).get("capabilities") or {}).get("bounding") or []
-    return "CAP_SYS_ADMIN" in caps
+def _alnum(c: str) -> bool:
+    return c.isascii() and c.isalnum()
 
 
-def from_annotations(spec: dict[str, Any], prefixes: list[str]) -> list[str]:
-    out: list[str] = []
-    for key, value in sorted((spec.get("annotations") or {}).items()):
-        if any(key.startswith(p) for p in prefixes):
-            out += [v.strip() for v in str(value).split(",") if v.strip()]
-    return out
+def _vendor_or_class_ok(name: str) -> bool:
+    """validateVendorOrClassName: a letter first, a letter or digit last, `_-.` between."""
+    if not name or not (name[0].isascii() and name[0].isalpha()):
+        return False
+    if not all(_alnum(c) or c in "_-." for c in name[1:-1]):
+        return False
+    return _alnum(name[-1])
 
 
-def from_mounts(spec: dict[str, Any]) -> list[str]:
-    out = []
-    for m in spec.get("mounts") or []:
-        dst = str(m.get("destination", ""))
-        if m.get("source") != "/dev/null" or not dst.startswith(VOLUME_ROOT + "/"):
-            continue
-        rest = dst[len(VOLUME_ROOT) + 1 :]
-        if rest.startswith("cdi/"):  # cdi/<vendor>/<class>/<dev> or cdi/<vendor>/<class>=<dev>
-            parts = rest[4:].split("/")
-            rest = "/".join(parts[:2]) + "=" + parts[2] if len(parts) == 3 else rest[4:]
-        out.append(rest)
-    return out
+def _device_name_ok(name: str) -> bool:
+    """ValidateDeviceName: a letter or digit first and last, `_-.:` between."""
+    if not name or not _alnum(name[0]):
+        return False
+    if len(name) == 1:
+        return True
+    return all(_alnum(c) or c in "_-.:" for c in name[1:-1]) and _alnum(name[-1])
 
 
-def from_env(spec: dict[str, Any]) -> list[str] | None:
-    env = _env(spec)
-    value = env.get("NVIDIA_VISIBLE_DEVICES")
-    if value is None:
-        # A "legacy" CUDA image (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) defaults to all.
-        return ["all"] if "CUDA_VERSION" in env and "NVIDIA_REQUIRE_CUDA" not in env else None
-    if value in ("", "void"):
-        return None
-    return [v.strip() for v in value.split(",") if v.strip()]
+def qualified(device: str) -> bool:
+    """IsQualifiedName: vendor/class=name, each part valid (ParseDevice, ParseQualifier)."""
+    if not device or device[0] == "/":
+        return False
+    kind, sep, name = device.partition("=")
+    if not sep or not kind or not name:
+        return False
+    vendor, slash, cls = kind.partition("/")
+    if not slash or not vendor or not cls:
+        return False
+    return _vendor_or_class_ok(vendor) and _vendor_or_class_ok(cls) and _device_name_ok(name)
 
 
-def requested(spec: dict[str, Any], cfg: dict[str, Any], *, annotations: bool) -> list[str]:
-    """The device requests, in the real runtime's order: CDI annotations (cdi mode only), then
-    /dev/null volume mounts (if accepted), then NVIDIA_VISIBLE_DEVICES (privileged, or if
-    accepted for unprivileged containers)."""
-    if annotations:
-        got = from_annotations(spec, cfg["annotation_prefixes"])
+# ---- the container's requests (internal/config/image/cuda_image.go, devices.go) -------------
+
+
+class Image:
+    """CUDA image model of one OCI spec (image.NewCUDAImageFromSpec / image.New)."""
+
+    def __init__(
+        self, spec: dict[str, Any], cfg: dict[str, Any], logger: Logger, *, annotation_prefixes: list[str]
+    ) -> None:
+        self.logger = logger
+        self.env: dict[str, str] = {}
+        for item in ((spec.get("process") or {}).get("env")) or []:
+            # builder.go: WithEnv - a map filled in order: the LAST occurrence of a key wins
+            # (containerd keeps the image's NVIDIA_VISIBLE_DEVICES=all ahead of the plugin's value).
+            key, sep, value = str(item).partition("=")
+            if not sep:
+                raise ToolkitError(f"invalid environment variable: {item}")
+            self.env[key] = value
+        self.mounts = [m for m in spec.get("mounts") or [] if isinstance(m, dict)]
+        self.annotations = {str(k): str(v) for k, v in (spec.get("annotations") or {}).items()}
+        caps = ((spec.get("process") or {}).get("capabilities") or {}).get("bounding") or []
+        self.privileged = "CAP_SYS_ADMIN" in caps  # privileged.go: IsPrivileged (bounding set)
+        self.prefixes = list(annotation_prefixes)
+        self.accept_mounts = bool(cfg["accept_volume_mounts"])
+        self.accept_env = bool(cfg["accept_envvar_unprivileged"])
+        swarm = [s.strip() for e in cfg.get("swarm_resource", "").split(",") if (s := e.strip())]
+        self.preferred = swarm
+
+    def is_legacy(self) -> bool:
+        """IsLegacy: CUDA_VERSION set, NVIDIA_REQUIRE_CUDA not."""
+        return bool(self.env.get("CUDA_VERSION")) and not self.env.get("NVIDIA_REQUIRE_CUDA")
+
+    def _visible_env_vars(self) -> list[str]:
+        got = [e for e in self.preferred if e in self.env]
+        return got or ["NVIDIA_VISIBLE_DEVICES"]
+
+    def devices_from_envvars(self, names: list[str]) -> list[str]:
+        """devicesFromEnvvars + NewVisibleDevices(...).List()."""
+        is_set = False
+        devices: list[str] = []
+        for name in names:
+            if name in self.env:
+                is_set = True
+                devices += [t for d in self.env[name].split(",") if (t := d.strip())]
+        if not is_set and not devices and self.is_legacy():
+            devices = ["all"]
+        if not devices or "void" in devices:
+            devices = ["void"]
+        for d in devices:  # NewVisibleDevices: the first special value decides
+            if d == "all":
+                return ["all"]
+            if d == "none":
+                return [""]  # none.List()
+            if d in ("", "void"):
+                return []  # void.List(): nil
+        # newDevices/List: an id's LAST index wins and earlier slots stay "" (a quirk kept as is)
+        lookup = {d: i for i, d in enumerate(devices)}
+        out = [""] * len(devices)
+        for d, i in lookup.items():
+            out[i] = d
+        return out
+
+    def from_annotations(self) -> list[str]:
+        """cdiDeviceRequestsFromAnnotations: keys with a configured prefix, sorted, each value
+        split at commas as is (no trimming)."""
+        if not self.prefixes or not self.annotations:
+            return []
+        keys = sorted(k for k in self.annotations if any(k.startswith(p) for p in self.prefixes))
+        out: list[str] = []
+        for k in keys:
+            out += self.annotations[k].split(",")
+        return out
+
+    def requests_from_mounts(self) -> list[str]:
+        """requestsFromMounts: /dev/null sources, cleaned destinations under the root (no `/`
+        needed after it), each once, the rest with `/` trimmed."""
+        seen: set[str] = set()
+        out: list[str] = []
+        for m in self.mounts:
+            if os.path.normpath(str(m.get("source", "")) or ".") != "/dev/null":
+                continue
+            dst = os.path.normpath(str(m.get("destination", "")) or ".")
+            if dst in seen:
+                continue
+            seen.add(dst)
+            if not dst.startswith(VOLUME_ROOT):
+                continue
+            dev = dst[len(VOLUME_ROOT) :].strip("/")
+            if dev:
+                out.append(dev)
+        return out
+
+    def from_mounts(self) -> list[str]:
+        """visibleDevicesFromMounts: imex/ requests skipped, cdi/ requests as qualified names
+        (cdiDeviceMountRequest.qualifiedName), invalid ones skipped with a warning."""
+        out: list[str] = []
+        for d in self.requests_from_mounts():
+            if d.startswith("imex/"):
+                continue
+            if d.startswith("cdi/"):
+                name = d[4:]
+                if not qualified(name):
+                    parts = name.split("/", 2)
+                    if len(parts) != 3:
+                        self.logger.warning(f"Ignoring invalid mount request for CDI device {d}")
+                        continue
+                    name = f"{parts[0]}/{parts[1]}={parts[2]}"
+                out.append(name)
+                continue
+            out.append(d)
+        return out
+
+    def visible_devices(self) -> list[str]:
+        """VisibleDevices: annotations, else (accepted) volume mounts, else the env (privileged
+        or accepted; otherwise a warning and nothing)."""
+        got = self.from_annotations()
         if got:
             return got
-    if cfg["accept_volume_mounts"]:
-        got = from_mounts(spec)
-        if got:
-            return got
-    env = from_env(spec) or []
-    if env and not (privileged(spec) or cfg["accept_envvar_unprivileged"]):
-        log(cfg, "warning: ignoring devices in NVIDIA_VISIBLE_DEVICES in an unprivileged container")
+        if self.accept_mounts:
+            got = self.from_mounts()
+            if got:
+                return got
+        env = self.devices_from_envvars(self._visible_env_vars())
+        if not env:
+            return []
+        if self.privileged or self.accept_env:
+            return env
+        self.logger.warning(
+            f"Ignoring devices requested by environment variable(s) in unprivileged container: "
+            f"{self._visible_env_vars()}"
+        )
         return []
-    return env
+
+    def only_fully_qualified(self) -> bool:
+        """OnlyFullyQualifiedCDIDevices: at least one request, every one a CDI name."""
+        devs = self.visible_devices()
+        return bool(devs) and all(qualified(d) for d in devs)
 
 
-def qualified(name: str) -> bool:
-    return bool(_QUALIFIED.match(name))
+def resolve_mode(mode: str, image: Image, default: str, logger: Logger) -> str:
+    """internal/info/auto.go: ResolveRuntimeMode - a set mode is used as is; `auto` is `cdi`
+    when every request is a fully qualified CDI name, else the default: jit-cdi for the runtime
+    (NewRuntimeModeResolver), legacy for the hook (assertModeIsLegacy: WithDefaultMode)."""
+    if mode != "auto":
+        logger.info(f"Using requested mode '{mode}'")
+        return mode
+    got = "cdi" if image.only_fully_qualified() else default
+    logger.info(f"Auto-detected mode as '{got}'")
+    return got
 
 
-def resolve_mode(spec: dict[str, Any], cfg: dict[str, Any], forced: str | None) -> str:
-    """legacy or cdi.  `auto` is cdi when every request is a fully qualified CDI name, else legacy:
-    the <=1.17 behaviour (internal/info/auto.go@v1.17.9); from 1.18 NVIDIA's auto means jit-cdi
-    (an in-memory spec from the host driver), which this stand-in does not model."""
+def runtime_image(spec: dict[str, Any], cfg: dict[str, Any], forced: str | None, logger: Logger) -> tuple[str, Image]:
+    """internal/runtime/runtime_factory.go: initRuntimeModeAndImage - the mode is resolved on an
+    image that sees the CDI annotations; outside cdi mode the image is built again without them
+    (annotations are ignored in legacy and jit-cdi mode)."""
     mode = forced or cfg["mode"]
-    if mode == "auto":
-        devs = requested(spec, cfg, annotations=True)
-        return "cdi" if devs and all(qualified(d) for d in devs) else "legacy"
-    if mode not in ("legacy", "cdi"):
-        raise ToolkitError(f"unsupported mode {mode!r} (the stand-in knows auto, legacy, cdi)")
-    return mode
+    image = Image(spec, cfg, logger, annotation_prefixes=cfg["annotation_prefixes"])
+    mode = resolve_mode(mode, image, "jit-cdi", logger)
+    if mode not in MODES:
+        raise ToolkitError(f'failed to construct OCI spec modifier: invalid mode "{mode}"')
+    if mode == "csv":
+        raise ToolkitError("csv mode (Tegra) is not modelled by the simulated toolkit")
+    if mode != "cdi":
+        image = Image(spec, cfg, logger, annotation_prefixes=[])
+    return mode, image
 
 
-_logged: set[str] = set()
+# ---- CDI specs (cdi/pkg/cdi/cache.go, spec.go, spec-dirs.go) ----------------------------------
 
 
-def log(cfg: dict[str, Any], msg: str) -> None:
-    if (cfg.get("log_level") == "debug" or msg.startswith("warning")) and msg not in _logged:
-        _logged.add(msg)
-        print(f"nvidia-container-runtime: {msg}", file=sys.stderr)
+def _read_spec_file(path: str) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".yaml"):  # spec.go: ReadSpec parses YAML (JSON is YAML too)
+        try:
+            import yaml
+        except ImportError:
+            raise ToolkitError(f"{path}: a YAML CDI spec needs PyYAML (Debian: python3-yaml)") from None
+        doc = yaml.safe_load(data)
+    else:
+        doc = json.loads(data)
+    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+        raise ValueError("not a CDI spec (no kind)")
+    return doc
 
 
-# ---- CDI ------------------------------------------------------------------------------------
-
-
-def load_specs(dirs: list[str]) -> dict[str, dict[str, Any]]:
-    """name -> (spec, device) for every device of the JSON specs in dirs (a later dir wins).
-    YAML specs are not read (stdlib only)."""
-    out: dict[str, Any] = {}
+def load_registry(dirs: list[str], logger: Logger) -> dict[str, dict[str, Any]]:
+    """qualified name -> {spec, device} over every `.json`/`.yaml` spec in `dirs` (spec-dirs.go:
+    scanSpecDirs; other extensions are skipped).  A spec that fails to load is left out and only
+    logged (Refresh errors are not fatal, modifier/cdi/registry.go); a later dir has the higher
+    priority and wins a name."""
+    out: dict[str, dict[str, Any]] = {}
     for d in dirs:
         try:
             names = sorted(os.listdir(d))
         except OSError:
             continue
         for n in names:
-            if not n.endswith(".json"):
+            if not n.endswith((".json", ".yaml")):
                 continue
+            path = os.path.join(d, n)
             try:
-                with open(os.path.join(d, n)) as f:
-                    spec = json.load(f)
+                spec = _read_spec_file(path)
             except (OSError, ValueError) as e:
-                raise ToolkitError(f"CDI spec {os.path.join(d, n)}: {e}") from None
+                logger.debug(f"The following error was triggered when refreshing the CDI registry: {path}: {e}")
+                continue
             for dev in spec.get("devices") or []:
-                out[f"{spec['kind']}={dev['name']}"] = {"spec": spec, "device": dev}
+                out[f"{spec['kind']}={dev.get('name')}"] = {"spec": spec, "device": dev}
     return out
 
 
-def _sort_key(m: dict[str, Any]) -> int:
-    return len([p for p in str(m.get("destination", "")).split("/") if p])
+def _count_sep(dest: str) -> int:
+    return os.path.normpath(dest or ".").count("/")
 
 
 def apply_edits(spec: dict[str, Any], edits: dict[str, Any]) -> None:
-    """CDI containerEdits into an OCI spec (pkg/cdi/container-edits.go@v1.1.0:72-170): env
-    replaces a key or is appended, device nodes go to linux.devices with an allow rule, mounts
-    are appended and sorted by depth, hooks are appended to their phase."""
-    proc = spec.get("process") or {}
-    spec["process"] = proc
-    env = list(proc.get("env") or [])
-    for item in edits.get("env") or []:
-        key = item.split("=", 1)[0]
-        env = [e for e in env if e.split("=", 1)[0] != key] + [item]
-    proc["env"] = env
-    linux = spec.get("linux") or {}
-    spec["linux"] = linux
+    """One ContainerEdits.Apply (cdi/pkg/cdi/container-edits.go) into an OCI spec:
+
+    - env through runtime-tools' AddMultipleProcessEnv (generate.go: addEnv): the generator's
+      index is keyed by the WHOLE existing `KEY=VALUE` entries but by the key for entries this
+      Apply adds, so `NVIDIA_VISIBLE_DEVICES=void` is appended after an existing
+      `NVIDIA_VISIBLE_DEVICES=<x>` (recorded in runtime-edit/*/container.after.config.json);
+    - device nodes: missing type/numbers/mode from the host path (container-edits_unix.go:
+      fillMissingInfo), uid/gid of a non-root process user, replaced by path or appended, and an
+      allow rule (`rwm` unless `permissions`) appended for char/block devices;
+    - mounts: an existing one at the same destination removed, appended, then all mounts sorted
+      (stable) by the number of `/` in the cleaned destination (sortMounts);
+    - hooks appended to their phase."""
+
+    def sub(parent: dict[str, Any], key: str) -> dict[str, Any]:  # runtime-tools' initConfig*
+        if not isinstance(parent.get(key), dict):
+            parent[key] = {}
+        child: dict[str, Any] = parent[key]
+        return child
+
+    if edits.get("env"):
+        proc = sub(spec, "process")
+        env = list(proc.get("env") or [])
+        index = {e: i for i, e in enumerate(env)}
+        for item in edits["env"]:
+            key = item.split("=", 1)[0]
+            if key in index:
+                env[index[key]] = item
+            else:
+                env.append(item)
+                index[key] = len(env) - 1
+        proc["env"] = env
+    proc_now = spec.get("process")
+    user = (proc_now.get("user") if isinstance(proc_now, dict) else None) or {}
     for dn in edits.get("deviceNodes") or []:
-        host = dn.get("hostPath") or dn["path"]
-        st = os.stat(host)
-        kind = dn.get("type") or ("b" if stat.S_ISBLK(st.st_mode) else "c")
-        major = dn.get("major", os.major(st.st_rdev))
-        minor = dn.get("minor", os.minor(st.st_rdev))
-        devs = [d for d in linux.get("devices") or [] if d.get("path") != dn["path"]]
-        node = {"path": dn["path"], "type": kind, "major": major, "minor": minor, "fileMode": dn.get("fileMode", 0o666)}
-        node.update({"uid": dn.get("uid", 0), "gid": dn.get("gid", 0)})
+        node = _fill_device(dn)
+        if "uid" not in node and int(user.get("uid") or 0) > 0:
+            node["uid"] = int(user["uid"])
+        if "gid" not in node and int(user.get("gid") or 0) > 0:
+            node["gid"] = int(user["gid"])
+        linux = sub(spec, "linux")
+        devs = list(linux.get("devices") or [])
+        for i, d in enumerate(devs):  # RemoveDevice: the first one at this path
+            if d.get("path") == node["path"]:
+                del devs[i]
+                break
         linux["devices"] = [*devs, node]
-        rules = linux.setdefault("resources", {}).setdefault("devices", [])
-        rules.append(
-            {"allow": True, "type": kind, "major": major, "minor": minor, "access": dn.get("permissions", "rwm")}
-        )
+        if node["type"] in ("b", "c"):
+            res = sub(linux, "resources")
+            res["devices"] = [*(res.get("devices") or []), {
+                "allow": True, "type": node["type"], "major": node["major"], "minor": node["minor"],
+                "access": dn.get("permissions") or "rwm"}]  # fmt: skip
     if edits.get("mounts"):
         mounts = list(spec.get("mounts") or [])
         for m in edits["mounts"]:
-            mounts.append(
-                {
-                    "destination": m["containerPath"],
-                    "type": m.get("type", "bind"),
-                    "source": m["hostPath"],
-                    "options": list(m.get("options") or []),
-                }
-            )
-        spec["mounts"] = sorted(mounts, key=_sort_key)  # stable: equal depths keep their order
+            for i, old in enumerate(mounts):  # RemoveMount: the first one at this destination
+                if old.get("destination") == m["containerPath"]:
+                    del mounts[i]
+                    break
+            new: dict[str, Any] = {"destination": m["containerPath"], "source": m["hostPath"]}
+            if m.get("options"):
+                new["options"] = list(m["options"])
+            if m.get("type"):
+                new["type"] = m["type"]
+            mounts.append(new)
+        spec["mounts"] = sorted(mounts, key=lambda x: _count_sep(str(x.get("destination", ""))))
+    phases = ("prestart", "poststart", "poststop", "createRuntime", "createContainer", "startContainer")
     for h in edits.get("hooks") or []:
-        entry = {k: v for k, v in h.items() if k in ("path", "args", "env", "timeout")}
-        spec.setdefault("hooks", {}).setdefault(h["hookName"], []).append(entry)
+        if h.get("hookName") not in phases:
+            raise ToolkitError(f"unknown hook name {h.get('hookName')!r}")
+        entry = {k: h[k] for k in ("path", "args", "env", "timeout") if h.get(k) is not None}
+        hooks = spec.get("hooks")
+        if not isinstance(hooks, dict):
+            hooks = spec["hooks"] = {}
+        hooks.setdefault(h["hookName"], []).append(entry)
 
 
-def inject_cdi(spec: dict[str, Any], names: list[str], cfg: dict[str, Any]) -> list[str]:
-    """Applies the CDI devices `names` (unqualified -> <default-kind>=<name>); raises
-    `unresolvable CDI devices ...` (the CDI library's message) for unknown ones."""
-    wanted = [n if qualified(n) else f"{cfg['default_kind']}={n}" for n in names]
-    if not wanted:
-        return []
-    known = load_specs(cfg["spec_dirs"])
-    missing = [n for n in wanted if n not in known]
+def _fill_device(dn: dict[str, Any]) -> dict[str, Any]:
+    """DeviceNode.fillMissingInfo + toOCI: only the fields that are set."""
+    kind, major, minor = dn.get("type", ""), int(dn.get("major") or 0), int(dn.get("minor") or 0)
+    mode = dn.get("fileMode")
+    minimal = kind != "" and (major != 0 or kind == "p")
+    host = dn.get("hostPath") or dn["path"]
+    try:
+        st = os.lstat(host)
+        fmt = stat.S_IFMT(st.st_mode)
+        if fmt not in (stat.S_IFBLK, stat.S_IFCHR, stat.S_IFIFO):
+            raise OSError("not a device node")
+    except OSError as e:
+        if not minimal:
+            raise ToolkitError(f'failed to stat CDI host device "{host}": {e}') from None
+    else:
+        if mode is None:
+            mode = stat.S_IMODE(st.st_mode)
+        if not minimal:
+            real = {stat.S_IFBLK: "b", stat.S_IFCHR: "c", stat.S_IFIFO: "p"}[fmt]
+            if kind == "":
+                kind = real
+            elif kind != real:
+                raise ToolkitError(f'CDI device ("{dn["path"]}", "{host}"), host type mismatch ({kind}, {real})')
+            if kind != "p" and major == 0:
+                major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    node: dict[str, Any] = {"path": dn["path"], "type": kind, "major": major, "minor": minor}
+    if mode is not None:
+        node["fileMode"] = int(mode)
+    for k in ("uid", "gid"):
+        if dn.get(k) is not None:
+            node[k] = int(dn[k])
+    return node
+
+
+def inject_cdi(spec: dict[str, Any], names: list[str], registry: dict[str, dict[str, Any]]) -> None:
+    """cache.go: InjectDevices - unknown names fail (`unresolvable CDI devices <names>`); the
+    edits of each device's spec (once per spec) and of the device are appended into ONE set of
+    edits, applied in one go."""
+    missing = [n for n in names if n not in registry]
     if missing:
-        raise ToolkitError(f"unresolvable CDI devices {', '.join(missing)}")
+        raise ToolkitError(f"failed to inject CDI devices: unresolvable CDI devices {', '.join(missing)}")
+    combined: dict[str, list[Any]] = {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
     seen: list[int] = []
-    for n in dict.fromkeys(wanted):
-        s = known[n]["spec"]
-        if id(s) not in seen:  # spec-level edits once per spec
-            seen.append(id(s))
-            apply_edits(spec, s.get("containerEdits") or {})
-        apply_edits(spec, known[n]["device"].get("containerEdits") or {})
-    return wanted
+    for n in names:
+        entry = registry[n]
+        parts = []
+        if id(entry["spec"]) not in seen:
+            seen.append(id(entry["spec"]))
+            parts.append(entry["spec"].get("containerEdits") or {})
+        parts.append(entry["device"].get("containerEdits") or {})
+        for p in parts:
+            for k in combined:
+                combined[k] += list(p.get(k) or [])
+    apply_edits(spec, combined)
 
 
-def modify(spec: dict[str, Any], cfg: dict[str, Any], forced: str | None = None) -> str:
-    """What the runtime does to config.json on `create`; returns the mode used."""
-    mode = resolve_mode(spec, cfg, forced)
-    hooks = spec.get("hooks") or {}
-    spec["hooks"] = hooks
-    pre = list(hooks.get("prestart") or [])
+# ---- the runtime (internal/runtime, internal/modifier) ---------------------------------------
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def modify(spec: dict[str, Any], cfg: dict[str, Any], forced: str | None = None, logger: Logger | None = None) -> str:
+    """What the runtime does to config.json on `create`; returns the mode used.
+
+    legacy (modifier/stable.go): appends `<hook path> prestart` to hooks.prestart, once, at the
+    END (our base_runtime_spec hooks stay first).  cdi / jit-cdi (modifier/factory.go:
+    supportedModifierTypes): removes NVIDIA's own prestart hooks (hook_remover.go), then
+    (modifier/cdi.go: newCDIModifier) takes the requests (`""` -> `none`, unqualified ->
+    `<default-kind>=<name>`, runtime.nvidia.com/gpu in jit-cdi), each once; none: no change.
+    runtime.nvidia.com/gpu names get a spec generated in memory (jit) whose device edits are
+    applied one by one, then its common edits (cdi/spec.go: fromCDISpec.Modify); other names go
+    through the spec dirs (cdi/registry.go: fromRegistry)."""
+    logger = logger or Logger()
+    mode, image = runtime_image(spec, cfg, forced, logger)
+    hooks = spec.get("hooks") if isinstance(spec.get("hooks"), dict) else None
+    pre = list((hooks or {}).get("prestart") or [])
     if mode == "legacy":
-        # stable.go:66: appended at the END (our base_runtime_spec hooks run first), once.
-        if not any(os.path.basename(str(h.get("path", ""))) == NVIDIA_HOOKS[0] for h in pre):
-            pre.append({"path": cfg["hook_path"], "args": [NVIDIA_HOOKS[0], "prestart"]})
-        hooks["prestart"] = pre
+        if not any(os.path.basename(str(h.get("path", ""))) in NVIDIA_HOOKS for h in pre):
+            path = resolve_hook_path(cfg["hook_path"])
+            logger.info(f"Using prestart hook path: {path}")
+            pre.append({"path": path, "args": [os.path.basename(path), "prestart"]})
+            if hooks is None:
+                hooks = spec["hooks"] = {}
+            hooks["prestart"] = pre
         return mode
-    hooks["prestart"] = [h for h in pre if os.path.basename(str(h.get("path", ""))) not in NVIDIA_HOOKS]
-    if not hooks["prestart"]:
-        del hooks["prestart"]
-    names = requested(spec, cfg, annotations=True)
-    names = [n for n in names if n not in ("none", "void")]
-    inject_cdi(spec, names, cfg)
+    kept = [h for h in pre if os.path.basename(str(h.get("path", ""))) not in NVIDIA_HOOKS]
+    if hooks is not None and kept != pre:
+        if kept:
+            hooks["prestart"] = kept
+        else:
+            del hooks["prestart"]
+    kind = JIT_KIND if mode == "jit-cdi" else cfg["default_kind"]
+    devices = _dedupe([n if qualified(n) else f"{kind}={n}" for n in ((d or "none") for d in image.visible_devices())])
+    if not devices:
+        logger.debug("No devices requested; no modification required.")
+        return mode
+    automatic = [d for d in devices if d.startswith(JIT_KIND + "=")]
+    if automatic and len(automatic) != len(devices):
+        raise ToolkitError(
+            "requesting a CDI device with vendor 'runtime.nvidia.com' is not supported when requesting "
+            "other CDI devices"
+        )
+    if automatic:
+        logger.debug(f"Using automatic CDI modfier for devices {automatic}")
+        generated = jit_spec(cfg["fakegpu"], [d[len(JIT_KIND) + 1 :] for d in automatic])
+        for dev in generated["devices"]:
+            apply_edits(spec, dev.get("containerEdits") or {})
+        apply_edits(spec, generated["containerEdits"])
+        return mode
+    logger.debug(f"Creating CDI modifier for devices: [{' '.join(devices)}]")
+    logger.debug(f"Injecting devices using CDI: [{' '.join(devices)}]")
+    inject_cdi(spec, devices, load_registry(cfg["spec_dirs"], logger))
     return mode
 
 
-# ---- the runtime's argv (internal/oci/args.go) -----------------------------------------------
+# ---- the runtime's argv (internal/oci/args.go, logger.go: parseArgs) ------------------------
 
 
 def has_create(args: list[str]) -> bool:
@@ -402,24 +763,37 @@ def bundle_dir(args: list[str]) -> str:
     return os.getcwd()
 
 
-def log_file(args: list[str]) -> str | None:
+def _flag(args: list[str], name: str) -> str | None:
     for i, a in enumerate(args):
-        if a == "--log" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--log="):
-            return a[len("--log=") :]
+        for form in (f"--{name}", f"-{name}"):
+            if a == form and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(form + "="):
+                return a[len(form) + 1 :]
     return None
 
 
-def low_level_runtime(cfg: dict[str, Any]) -> str:
+def log_file(args: list[str]) -> str | None:
+    return _flag(args, "log")
+
+
+def log_format(args: list[str]) -> str:
+    return _flag(args, "log-format") or "text"
+
+
+def low_level_runtime(cfg: dict[str, Any], logger: Logger) -> str:
+    """oci.NewLowLevelRuntime: the first of `runtimes` found (an absolute path, else on PATH)."""
     for name in cfg["runtimes"]:
         if os.path.isabs(name) and os.access(name, os.X_OK):
             return str(name)
         for d in os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":"):
             p = os.path.join(d or ".", name)
             if os.path.isfile(p) and os.access(p, os.X_OK):
+                logger.debug("Found 1 candidates; ignoring further candidates")
                 return p
-    raise ToolkitError(f"no low-level runtime found: {', '.join(cfg['runtimes'])}")
+    raise ToolkitError(
+        f"error constructing low-level runtime: no runtime binary found from candidate list: {cfg['runtimes']}"
+    )
 
 
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
@@ -436,44 +810,42 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
         raise
 
 
-def report_error(args: list[str], msg: str) -> None:
-    """stderr, and runc's --log file in its JSON format, where containerd reads the last error."""
-    print(f"nvidia-container-runtime: {msg}", file=sys.stderr)
-    path = log_file(args)
-    if path:
-        import datetime
-
-        line = {"level": "error", "msg": msg, "time": datetime.datetime.now(datetime.timezone.utc).isoformat()}
-        try:
-            with open(path, "a") as f:
-                f.write(json.dumps(line) + "\n")
-        except OSError:
-            pass
-
-
 def runtime_main(argv: list[str], forced: str | None = None) -> int:
+    """rt.Run (internal/runtime/runtime.go): errors are logged at level error to the log files
+    (where containerd reads the reason) and the program exits 1."""
     args = argv[1:]
+    logger = Logger(None, args)
     try:
         cfg = load_config()
+        logger = Logger(cfg, args)
+        runtime = low_level_runtime(cfg, logger)
         if has_create(args):
             path = os.path.join(bundle_dir(args), "config.json")
+            logger.debug(f"Using bundle directory: {bundle_dir(args)}")
+            logger.info(f"Using OCI specification file path: {path}")
             try:
                 with open(path) as f:
                     spec = json.load(f)
             except (OSError, ValueError) as e:
-                raise ToolkitError(f"{path}: {e}") from None
-            mode = modify(spec, cfg, forced)
+                raise ToolkitError(f"error loading OCI specification for modification: {e}") from None
+            logger.debug("Create command detected; applying OCI specification modifications")
+            try:
+                modify(spec, cfg, forced, logger)
+            except ToolkitError as e:
+                raise ToolkitError(
+                    f"could not apply required modification to OCI specification: error modifying OCI spec: {e}"
+                ) from None
             write_json_atomic(path, spec)
-            log(cfg, f"create: mode {mode}, {path} updated")
-        runtime = low_level_runtime(cfg)
+            logger.debug("Applied required modification to OCI specification")
+        logger.debug(f"Forwarding command to runtime {runtime}")
     except ToolkitError as e:
-        report_error(args, f"error: {e}")
+        logger.error(str(e))
         return 1
     os.execv(runtime, [runtime, *args])
     return 127  # not reached
 
 
-# ---- the legacy hook ---------------------------------------------------------------------------
+# ---- the legacy hook (cmd/nvidia-container-runtime-hook) --------------------------------------
 
 _libc = None
 
@@ -530,8 +902,9 @@ def _mount_file(src: str, dst: str, ro: bool) -> None:
 
 
 def legacy_edits(names: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
-    """The same edits as the CDI spec (one source of truth) for the legacy device names: indexes,
-    UUIDs, `all`, `none` (driver only)."""
+    """What nvidia-container-cli sets up for the device list the hook passes (`--device=`):
+    indexes, UUIDs, `all`; `""` (from `none`) = the driver only.  The same edits as the CDI spec
+    (one source of truth)."""
     state = cfg["fakegpu"]["state"]
     if not os.path.isfile(state):
         raise ToolkitError(f"fakegpu state {state} does not exist (set [fakegpu] state in {cfg['path']})")
@@ -539,7 +912,7 @@ def legacy_edits(names: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
     by_name = {d["name"]: d for d in spec["devices"]}
     nodes: list[dict[str, Any]] = []
     for n in names:
-        if n == "none":
+        if n in ("", "none"):
             continue
         if n not in by_name:
             raise ToolkitError(f"device error: {n}: unknown device")
@@ -547,6 +920,28 @@ def legacy_edits(names: list[str], cfg: dict[str, Any]) -> dict[str, Any]:
     edits = dict(spec["containerEdits"])
     edits["deviceNodes"] = list(edits["deviceNodes"]) + nodes
     return edits
+
+
+def hook_devices(spec: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """The devices the hook hands to nvidia-container-cli, [] when this is no GPU container, or
+    ToolkitError(HOOK_MODE_ERROR) when the mode is not legacy (container_config.go:
+    getContainerConfig builds the image WITHOUT annotation prefixes; hook_config.go:
+    assertModeIsLegacy - skipped with `skip-mode-detection`, else the config's mode resolved with
+    legacy as the default, which must be legacy; only checked for a GPU container, main.go)."""
+    logger = Logger()
+    image = Image(spec, cfg, logger, annotation_prefixes=[])
+    devices = image.visible_devices()
+    if not devices:
+        return []
+    if not cfg["skip_mode_detection"]:
+        mode = resolve_mode(cfg["mode"], image, "legacy", logger)
+        # main.go: logInterceptor.Infof is log.Printf - the resolver's info line goes to stderr
+        for level, msg in logger.lines:
+            if level == "info":
+                print(msg, file=sys.stderr)
+        if mode != "legacy":
+            raise ToolkitError(HOOK_MODE_ERROR)
+    return devices
 
 
 def hook_main(argv: list[str]) -> int:
@@ -558,7 +953,7 @@ def hook_main(argv: list[str]) -> int:
         cfg = load_config()
         with open(os.path.join(bundle, "config.json")) as f:
             spec = json.load(f)
-        names = requested(spec, cfg, annotations=False)
+        names = hook_devices(spec, cfg)
         if not names:
             return 0
         edits = legacy_edits(names, cfg)
@@ -586,7 +981,9 @@ def hook_main(argv: list[str]) -> int:
                 os.mknod(dst, kind | 0o666, rdev)
                 os.chmod(dst, 0o666)
     except ToolkitError as e:
-        print(f"nvidia-container-cli: {e}", file=sys.stderr)
+        # main.go: log.SetFlags(0); log.Panicf(...) prints the message alone, exit() exits 1.
+        msg = str(e)
+        print(msg if msg == HOOK_MODE_ERROR else f"nvidia-container-cli: {msg}", file=sys.stderr)
         return 1
     except (OSError, ValueError, KeyError) as e:
         print(f"nvidia-container-runtime-hook: {e}", file=sys.stderr)
