@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import http.client
 import json
 import socket
@@ -57,13 +58,18 @@ def _containers(pod: Obj) -> list[Obj]:
     return [c for key in ("initContainers", "containers") for c in (spec.get(key) or []) if isinstance(c, dict)]
 
 
+@functools.lru_cache(maxsize=4096)
+def _stored(text: str) -> str:
+    return quantity.defaulted(text)  # pure: the same string always gives the same stored form
+
+
 def _canonical_list(rl: Any, kind: str) -> None:
     """ResourceList decode (Quantity.UnmarshalJSON), SetDefaults_ResourceList (RoundUp(-3)), encode."""
     if not isinstance(rl, dict):
         return
     for k, v in list(rl.items()):
         try:
-            rl[k] = quantity.defaulted(v)
+            rl[k] = _stored(v) if isinstance(v, str) else quantity.defaulted(v)
         except quantity.QuantityError as e:
             # handlers/rest.go transformDecodeError
             raise AdmissionError(
