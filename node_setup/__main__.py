@@ -24,6 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default=None, help="host python3 for the hook (default: detected, >= 3.9)")
     p.add_argument("--library-source", default=d.library_source, help="libvgpu.so to copy (default %(default)s)")
     p.add_argument("--node-config", default=d.node_config, help="host node config read for the hook's settings")
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="host state directory of the hook (default: the node config's common.state_dir); "
+        "the device plugin's --state-dir",
+    )
     p.add_argument("--containerd-config", default=d.containerd_config, help="host containerd config")
     p.add_argument("--handler", default=d.handler, help="runtime handler name (RuntimeClass.handler)")
     p.add_argument("--without-nvidia-runtime", action="store_true", help="passed to vgpu-hook containerd install")
@@ -43,21 +49,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    opts = setup.Options(
+def options(a: argparse.Namespace) -> setup.Options:
+    return setup.Options(
         host_root=a.host_root,
         prefix=a.prefix.rstrip("/") or "/",
         python=a.python,
         library_source=a.library_source,
         node_config=a.node_config,
+        state_dir=a.state_dir,
         containerd_config=a.containerd_config,
         handler=a.handler,
         without_nvidia_runtime=a.without_nvidia_runtime,
         containerd_args=a.containerd_arg,
         restart_containerd=a.restart_containerd,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    opts = options(a)
     if a.action == "wait-daemonset":
         from node_setup import waitds
 

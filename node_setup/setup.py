@@ -39,6 +39,10 @@ class Options(msgspec.Struct, kw_only=True):
     python: str | None = None  # host interpreter for the hook; default: detected
     library_source: str = IMAGE_LIBRARY
     node_config: str = "/etc/vgpu/config.toml"  # host path of the node config (read if present)
+    # The hook's state directory; wins over the node config's common.state_dir.  The chart passes
+    # its stateDir, the one the device plugin writes allocation records under: a hook looking
+    # elsewhere refuses every vGPU container ("unknown vGPU allocation token").
+    state_dir: str | None = None
     containerd_config: str = "/etc/containerd/config.toml"  # host path
     handler: str = "vgpu"
     without_nvidia_runtime: bool = False
@@ -107,14 +111,14 @@ def launcher_text(python: str, prefix: str) -> str:
 
 
 def _node_settings(opts: Options) -> list[str]:
-    """The hook's flags from the host's node config (defaults when it has none)."""
+    """The hook's flags from the host's node config (defaults when it has none); --state-dir wins."""
     path = _host(opts, opts.node_config)
     try:
         cfg = load_config(str(path) if path.exists() else None)
     except ConfigError as e:
         raise SetupError(f"host {opts.node_config}: {e}") from None
     return [
-        "--state-dir", cfg.common.state_dir,
+        "--state-dir", opts.state_dir or cfg.common.state_dir,
         "--log-level", cfg.common.log_level,
         "--library-path", f"{opts.prefix}/{LIBRARY_LINK}",
         "--log-dir", cfg.hook.log_dir,

@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from vgpu import quantity
+
 # Resources (names as HAMi users know them).
 RESOURCE_GPU = "nvidia.com/gpu"  # count of distinct physical GPUs the container spans
 RESOURCE_MEM = "nvidia.com/gpumem"  # MiB per GPU
@@ -232,8 +234,9 @@ def node_allocatable(node: dict[str, Any], resource: str = RESOURCE_GPU) -> int:
     if text is None:
         return -1
     try:
-        return int(str(text))
-    except ValueError:
+        # A Quantity as the API server writes it: 1000 slots read "1k" (vgpu/quantity.py).
+        return quantity.whole(text)
+    except quantity.QuantityError:
         return 0
 
 

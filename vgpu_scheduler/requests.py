@@ -7,7 +7,8 @@ Resource semantics (docs/scheduler.md, "Resources"):
 - `nvidia.com/gpucores: C` — C % of each GPU's compute.
 - Neither memory resource: the configured default (default: the GPU's 1/K slice); no gpucores:
   the configured default (default: the GPU's 1/K of its cores).
-Quantities are plain integers (extended resources are whole numbers); limits win over requests.
+Quantities are Kubernetes quantities (vgpu/quantity.py: "3k", "4096", "1e3" as the API server
+stores them) that must be whole numbers; limits win over requests.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from vgpu import quantity
 from vgpu import scheduling as sc
 
-_INT = re.compile(r"^[0-9]{1,12}$")
 _UUID = re.compile(r"^[A-Za-z0-9-]{1,95}$")
 _TRUE = {"true", "1", "yes", "t"}
 _FALSE = {"false", "0", "no", "f"}
@@ -57,10 +58,15 @@ def _resources(c: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quantity(cname: str, key: str, value: Any) -> int:
-    text = str(value).strip()
-    if not _INT.match(text):
-        raise RequestError(f"container {cname}: {key}={text!r} is not a whole number")
-    return int(text)
+    """The whole number `value` stands for. The API server writes 3000 as "3k" and keeps "4096"
+    and "1e3" (tests/data/real-traces/quantities): read it as it does (vgpu/quantity.py). The one
+    error text of the webhook and the extender: `container c: nvidia.com/gpumem='500m' is not a
+    whole number`."""
+    try:
+        return quantity.whole(value)
+    except quantity.QuantityError as e:
+        shown = value if isinstance(value, str) else str(value)
+        raise RequestError(f"container {cname}: {key}={shown!r} {e}") from None
 
 
 def asks_vgpu(c: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> bool:

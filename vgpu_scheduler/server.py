@@ -4,6 +4,9 @@ Routes: POST /filter, /prioritize, /bind (kube-scheduler extender), POST /webhoo
 (AdmissionReview v1), GET /healthz (process alive), GET /readyz (state synced; 503 otherwise;
 a follower is ready too: kube-scheduler's own leader election decides who calls). `--serve`
 limits the POST routes to the extender verbs or to the webhook (others answer 404).
+Routing looks at the URL's path only: kube-apiserver calls `POST /webhook?timeout=10s` (client-go
+adds `timeout` from the webhook's timeoutSeconds; tests/data/real-traces/webhook), and an
+extender's urlPrefix may carry a query too.
 Bodies are capped (MAX_BODY); a body that does not decode is answered as the verb's result
 with `Error` set (HTTP 200, as kube-scheduler expects), never a traceback.
 """
@@ -19,6 +22,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -127,10 +131,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _route(self) -> str:
+        """The request's path without query or fragment, and without a trailing slash."""
+        return urlsplit(self.path).path.rstrip("/") or "/"
+
     def do_GET(self) -> None:
-        if self.path == "/healthz":
+        path = self._route()
+        if path == "/healthz":
             self._send(200, b'{"status":"ok"}')
-        elif self.path == "/readyz":
+        elif path == "/readyz":
             ok = self.service.state.ready.is_set()
             self._send(200 if ok else 503, json.dumps({"ready": ok, "leader": self.service.is_leader()}).encode())
         else:
@@ -144,7 +153,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(n)
         ext = self.service.extender
-        path = self.path.rstrip("/")
+        path = self._route()
         if path in ("/filter", "/prioritize", "/bind", "/webhook") and not self.service.serves(path):
             # --serve: e.g. the webhook's port is reachable from the cluster network; the extender
             # verbs (which write decisions and Bindings) do not exist there at all.
@@ -174,11 +183,14 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 self._send(200, _enc.encode(ext.bind(bargs)))
             elif path == "/webhook":
+                # The `timeout` query (e.g. 10s) is the API server's deadline; a review takes
+                # milliseconds, so it is not consulted.
                 try:
                     review = json.loads(body)
-                    if not isinstance(review, dict):
-                        raise ValueError("not an object")
+                    webhook.check_request(review)
                 except ValueError as e:
+                    # Not an AdmissionReview v1 we could answer (no uid to echo): a non-2xx status
+                    # is a failed call to the API server, decided by the webhook's failurePolicy.
                     self._send(400, json.dumps({"error": f"bad AdmissionReview: {e}"}).encode())
                     return
                 out = webhook.review(review, self.service.cfg, self.service.state.limits)

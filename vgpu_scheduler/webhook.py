@@ -11,6 +11,12 @@ On CREATE of a pod with a vGPU resource in any container:
   any GPU has). While no node offers GPUs at all, sizes are not judged (the pod stays Pending
   with the filter's reasons instead of being refused during a device plugin restart).
 The response is a JSONPatch; applying it and reviewing again allows with no patch.
+
+The answer is what kube-apiserver's VerifyAdmissionResponse (k8s.io/apiserver/pkg/admission/
+plugin/webhook/request/admissionreview.go) accepts from a mutating webhook: apiVersion
+admission.k8s.io/v1 and kind AdmissionReview, response.uid equal to request.uid, and patch and
+patchType together or neither. A pod made from generateName arrives with neither request.name nor
+metadata.name (tests/data/real-traces/webhook/d-job-created-pod-generateName.json).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MiB = 1 << 20
 Limits = Callable[[], tuple[int, int, int]]
+API_VERSION = "admission.k8s.io/v1"
 
 
 def _esc(key: str) -> str:
@@ -99,11 +106,25 @@ def mutate(pod: Obj, cfg: SchedulerConfig, limits: Limits) -> list[Obj]:
     return ops
 
 
+def check_request(body: Any) -> None:
+    """ValueError unless `body` is an AdmissionReview v1 request that can be answered (has a uid)."""
+    if not isinstance(body, dict):
+        raise ValueError("not a JSON object")
+    if body.get("apiVersion") != API_VERSION or body.get("kind") != "AdmissionReview":
+        raise ValueError(
+            f"expected apiVersion {API_VERSION} kind AdmissionReview, got {body.get('apiVersion')!r} "
+            f"{body.get('kind')!r} (admissionReviewVersions must be [v1])"
+        )
+    req = body.get("request")
+    if not isinstance(req, dict) or not isinstance(req.get("uid"), str) or not req["uid"]:
+        raise ValueError("request.uid is missing")
+
+
 def review(body: Obj, cfg: SchedulerConfig, limits: Limits) -> Obj:
-    """An AdmissionReview v1 response for an AdmissionReview v1 request."""
-    req = body.get("request") or {}
-    resp: Obj = {"uid": req.get("uid") or "", "allowed": True}
-    out = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": resp}
+    """The AdmissionReview v1 answer to an AdmissionReview v1 request (check_request passed)."""
+    req = body["request"]
+    resp: Obj = {"uid": req["uid"], "allowed": True}
+    out = {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": resp}
     kind = (req.get("kind") or {}).get("kind")
     if kind != "Pod" or req.get("operation") not in ("CREATE", None):
         return out

@@ -232,6 +232,7 @@ def test_node_setup_init_container() -> None:
         "--prefix=/usr/local/vgpu",
         "--containerd-config=/etc/containerd/config.toml",
         "--handler=vgpu",
+        "--state-dir=/var/lib/vgpu",
     ]
     assert init["securityContext"] == {"privileged": True}
     [mount] = init["volumeMounts"]
@@ -307,3 +308,36 @@ def test_notes_say_how_to_check() -> None:
         notes = chart.render({}, name="k8s-vgpu", namespace="kube-system")["k8s-vgpu/templates/NOTES.txt"]
     assert "vgpuctl doctor" in notes and "kubectl -n kube-system exec" in notes
     assert "vgpuctl doctor --root /host" in notes and "nodeSetup.restartContainerd=true" in notes
+
+
+def test_state_dir_reaches_the_hook(tmp_path: Path) -> None:
+    """Problem 5 of issue 15: the chart's stateDir is where the device plugin writes allocation
+    records; the hook that the node installer wires into containerd must read them there, whatever
+    the host's /etc/vgpu/config.toml says. The init container's args, parsed by the real
+    vgpu-node-setup parser, drive the real `vgpu-hook containerd print` against a host root."""
+    import subprocess
+
+    from node_setup import __main__ as node_setup_cli
+    from node_setup import setup
+
+    objects = render({"stateDir": "/srv/vgpu-state", "nodeSetup": {"withoutNvidiaRuntime": True}})
+    dp = daemonset(objects, "device-plugin")["spec"]["template"]["spec"]
+    assert "--state-dir=/srv/vgpu-state" in container_args({"spec": {"template": {"spec": dp}}})
+    host = tmp_path / "host"
+    for d in ("etc/vgpu", "etc/containerd", "usr/bin", "usr/local/vgpu/hook/current/runtime_hook"):
+        (host / d).mkdir(parents=True)
+    (host / "etc/vgpu/config.toml").write_text('[common]\nstate_dir = "/var/lib/vgpu"\n')  # the host's own
+    (host / "etc/containerd/config.toml").write_text("version = 2\n")
+    (host / "usr/bin/python3").touch()
+    (host / "usr/local/vgpu/hook/current/runtime_hook/fastpath.py").touch()
+    base = ROOT / "tests/data/real-traces/containerd-cri/ctr-oci-spec.containerd-1.6.20.json"  # `ctr oci spec`
+    args = [*dp["initContainers"][0]["args"], f"--containerd-arg=--base-spec-source={base}"]
+    a = node_setup_cli.build_parser().parse_args(["install", *args])
+    opts = node_setup_cli.options(a)
+    opts.host_root = str(host)
+    r = subprocess.run(
+        setup.containerd_argv(opts, "print", "/usr/bin/python3"), capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert "VGPU_STATE=/srv/vgpu-state" in r.stdout and '"/srv/vgpu-state"' in r.stdout
+    assert "/var/lib/vgpu" not in r.stdout

@@ -216,7 +216,9 @@ def test_webhook_configuration() -> None:
     mwc = one(objects, "MutatingWebhookConfiguration")
     [wh] = mwc["webhooks"]
     assert wh["admissionReviewVersions"] == ["v1"] and wh["sideEffects"] == "None"
-    assert wh["failurePolicy"] == "Ignore" and wh["timeoutSeconds"] == 10
+    # matchConditions send only vGPU pods, so Fail cannot block a pod that asks for no GPU.
+    assert wh["failurePolicy"] == "Fail" and wh["timeoutSeconds"] == 10
+    assert [c["name"] for c in wh["matchConditions"]] == ["asks-for-vgpu"]
     assert any(
         "CREATE" in r["operations"] and "pods" in r["resources"] and "" in r["apiGroups"] and "v1" in r["apiVersions"]
         for r in wh["rules"]
@@ -236,7 +238,7 @@ def test_webhook_configuration() -> None:
     port = containers(dep)["vgpu-webhook"]["ports"][0]
     assert port["name"] == svc["spec"]["ports"][0]["targetPort"] and port["containerPort"] == 9443
     exprs = wh["namespaceSelector"]["matchExpressions"]
-    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in exprs
+    assert exprs == [{"key": "vgpu.k8s.io/webhook", "operator": "NotIn", "values": ["ignore"]}]
     # the TLS Secret the webhook mounts is the one the cert Job writes
     [tls] = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
     job = one(objects, "Job", "-certgen")
@@ -279,6 +281,87 @@ def test_webhook_off_and_cert_manager() -> None:
     [tls] = [v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
     assert cert["spec"]["secretName"] == tls["secret"]["secretName"]
     assert cert["spec"]["issuerRef"]["name"] == one(objects, "Issuer")["metadata"]["name"]
+
+
+def _condition(values: dict[str, Any] | None = None) -> str:
+    [wh] = one(render(values or ON), "MutatingWebhookConfiguration")["webhooks"]
+    [cond] = wh["matchConditions"]
+    return str(cond["expression"])
+
+
+def _matches(expression: str, obj: Any) -> bool:
+    """The condition evaluated as kube-apiserver does for a webhook: `object` is the Pod's JSON
+    (DynType, plugin/cel/compile.go), evaluated by a CEL implementation (cel-python); an error is
+    an exception here (kube-apiserver would apply failurePolicy)."""
+    import celpy
+
+    env = celpy.Environment()
+    out = env.program(env.compile(expression)).evaluate({"object": celpy.json_to_cel(obj)})
+    if isinstance(out, celpy.CELEvalError):
+        raise out
+    assert isinstance(out, celpy.celtypes.BoolType)
+    return bool(out)
+
+
+def test_webhook_match_condition_on_the_recorded_pods() -> None:
+    """The pods a real kube-apiserver sent its webhook (after defaulting): the three that ask for
+    GPUs match, the one that asks for none does not, so it is never sent and never refused."""
+    from tests.support import traces
+
+    expr = _condition()
+    for rel, want in [
+        ("webhook/a-one-container-gpu-gpumem-gpucores.json", True),
+        ("webhook/b-init-and-app-container-gpu.json", True),
+        ("webhook/c-no-gpu.json", False),
+        ("webhook/d-job-created-pod-generateName.json", True),
+    ]:
+        for record in traces.load_json(rel):
+            assert _matches(expr, record["body"]["request"]["object"]) is want, rel
+    init_only = {"spec": {"containers": [{"name": "a"}], "initContainers": [{"name": "i"}, {"name": "j"}]}}
+    init_only["spec"]["initContainers"][1]["resources"] = {"limits": {"nvidia.com/gpucores": "10"}}
+    for obj, want in [
+        ({}, False),  # never an error: every field is tested with has() first
+        ({"spec": {}}, False),
+        ({"spec": {"containers": [{"name": "a", "resources": {}}]}}, False),
+        ({"spec": {"containers": [{"name": "a", "resources": {"limits": {"cpu": "1"}}}]}}, False),
+        ({"spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/mig-1g.5gb": "1"}}}]}}, False),
+        ({"spec": {"containers": [{"name": "a", "resources": {"requests": {"nvidia.com/gpumem": "1k"}}}]}}, True),
+        (
+            {"spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpumem-percentage": "5"}}}]}},
+            True,
+        ),
+        (init_only, True),
+    ]:
+        assert _matches(expr, obj) is want, obj
+    # The resource name of the release is the one matched (resourceName).
+    other = _condition({"scheduler": {"enabled": True}, "resourceName": "example.com/vgpu"})
+    assert _matches(other, {"spec": {"containers": [{"name": "a", "resources": {"limits": {"example.com/vgpu": 1}}}]}})
+    assert not _matches(
+        other, {"spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    )
+
+
+def test_webhook_condition_is_the_one_documented() -> None:
+    text = (ROOT / "docs" / "scheduler.md").read_text()
+    assert f"```cel\n{_condition()}\n```" in text
+
+
+def test_webhook_before_match_conditions() -> None:
+    """Kubernetes < 1.28 has no matchConditions: every pod of the selected namespaces is sent, so the
+    default is Ignore and the release namespace is left out (a Fail webhook could not restart)."""
+    old = {"scheduler": {"enabled": True}, "kubeVersion": "v1.27.3"}
+    [wh] = one(render(old), "MutatingWebhookConfiguration")["webhooks"]
+    assert wh["failurePolicy"] == "Ignore" and "matchConditions" not in wh
+    exprs = wh["namespaceSelector"]["matchExpressions"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]} in exprs
+    old["scheduler"]["webhook"] = {"failurePolicy": "Fail"}
+    [wh] = one(render(old), "MutatingWebhookConfiguration")["webhooks"]
+    assert wh["failurePolicy"] == "Fail"  # the value wins
+    ignore = {"scheduler": {"enabled": True, "webhook": {"failurePolicy": "Ignore"}}}
+    [wh] = one(render(ignore), "MutatingWebhookConfiguration")["webhooks"]
+    assert wh["failurePolicy"] == "Ignore" and wh["matchConditions"]
+    image = containers(one(render(old), "Deployment", "-scheduler"))["kube-scheduler"]["image"]
+    assert image.endswith(":v1.27.3")  # kubeVersion is the cluster's version for the whole chart
 
 
 def test_scheduler_rbac() -> None:

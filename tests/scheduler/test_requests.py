@@ -47,3 +47,51 @@ def test_options_defaults_aliases_and_precedence() -> None:
     assert o.nouse_uuids == frozenset({"GPU-a", "GPU-b"})
     with pytest.raises(RequestError, match="must be true or false"):
         pod_options({sc.NUMA_BIND_ANNOTATION: "sometimes"}, "binpack", "spread")
+
+
+def test_recorded_pods_read_as_the_api_server_stored_them() -> None:
+    """Issue 15, problem 2: the API server stores gpumem 3000 as "3k" (what the webhook and the
+    extender of a real cluster were sent); it is 3000 MiB, not an error."""
+    from tests.support import traces
+
+    a = traces.load_json("webhook/a-one-container-gpu-gpumem-gpucores.json")[0]["body"]["request"]["object"]
+    assert a["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] == "3k"
+    assert container_requests(a) == [ContainerRequest("main", False, 1, 3000, None, 30)]
+    b = traces.load_json("webhook/b-init-and-app-container-gpu.json")[0]["body"]["request"]["object"]
+    assert container_requests(b) == [
+        ContainerRequest("init", True, 1, None, None, None),
+        ContainerRequest("app", False, 1, None, None, None),
+    ]
+    d = traces.load_json("webhook/d-job-created-pod-generateName.json")[0]["body"]["request"]["object"]
+    assert container_requests(d) == [ContainerRequest("main", False, 1, 4096, None, None)]
+    [rec] = [
+        r
+        for r in traces.load_json("extender/requests-nodecache-true.json")
+        if r["scenario"] == "basic-a" and r["verb"] == "filter"
+    ]
+    assert container_requests(rec["body"]["Pod"]) == [ContainerRequest("main", False, 1, 3000, None, 30)]
+
+
+@pytest.mark.parametrize(
+    ("value", "mib"), [("1k", 1000), ("10k", 10000), ("4096", 4096), ("1e3", 1000), ("3000", 3000), (3000, 3000)]
+)
+def test_every_stored_form_of_a_size(value: object, mib: int) -> None:
+    pod = pod_object("p", [("main", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": value})])  # type: ignore[dict-item]
+    assert container_requests(pod)[0].mem_mib == mib
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("500m", "container main: nvidia.com/gpumem='500m' is not a whole number"),  # "0.5" as stored
+        ("1500m", "container main: nvidia.com/gpumem='1500m' is not a whole number"),
+        ("-1", "container main: nvidia.com/gpumem='-1' is negative"),
+        ("3 k", "container main: nvidia.com/gpumem='3 k' is not a Kubernetes quantity (quantities must match"),
+        ("1e30", "container main: nvidia.com/gpumem='1e30' is too large"),
+    ],
+)
+def test_one_error_text_for_webhook_and_extender(value: str, why: str) -> None:
+    pod = pod_object("p", [("main", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": value})])
+    with pytest.raises(RequestError) as e:
+        container_requests(pod)
+    assert str(e.value).startswith(why)

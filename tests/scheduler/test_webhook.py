@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import signal
+import socket
 import ssl
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,10 +17,14 @@ from typing import Any
 
 import pytest
 
-from tests.scheduler.helpers import Running, gpu_node, running_scheduler
+from tests.scheduler.helpers import MiB, Running, decision_of, gpu_node, running_scheduler, wait_for
+from tests.support import traces
+from tests.support.admission import verify_admission_response
 from tests.support.kubeapi import KubeAPI, apply_json_patch, pod_object
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +193,124 @@ def test_cert_path_errors_are_clear(kubeapi: KubeAPI, tmp_path: Path) -> None:
         make_server(
             Service(SchedulerConfig(), None), cert_file=str(tmp_path / "missing.crt"), key_file=str(tmp_path / "k")
         )
+
+
+# --- the recorded requests of a real kube-apiserver, byte for byte, to the real process ---------
+
+WEBHOOK_TRACES = [
+    "webhook/a-one-container-gpu-gpumem-gpucores.json",
+    "webhook/b-init-and-app-container-gpu.json",
+    "webhook/c-no-gpu.json",
+    "webhook/d-job-created-pod-generateName.json",
+]
+
+
+def start_process(kc: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
+    """`python -m vgpu_scheduler` (the real program) on a free port; (process, port)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "serving on" not in line:
+        proc.kill()
+        raise AssertionError(line + (proc.stderr.read() if proc.stderr else ""))
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def send_raw(port: int, data: bytes, ctx: ssl.SSLContext | None) -> tuple[int, dict[str, str], bytes]:
+    """Send these bytes as they are (TLS when ctx) and read one HTTP response."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    with sock:
+        conn = ctx.wrap_socket(sock, server_hostname="127.0.0.1") if ctx else sock
+        conn.sendall(data)
+        resp = http.client.HTTPResponse(conn)
+        resp.begin()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+
+
+@pytest.fixture(scope="module")
+def webhook_process(tls: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """The chart's webhook container: `vgpu-scheduler --serve webhook` over TLS, one GPU node known."""
+    with KubeAPI() as api:
+        api.create("nodes", gpu_node("node-1", n=1, mem_gib=16))
+        kc = api.write_kubeconfig(tmp_path_factory.mktemp("kc") / "kubeconfig")
+        proc, port = start_process(
+            kc, "--serve", "webhook", "--cert-file", tls["cert_file"], "--key-file", tls["key_file"]
+        )
+        try:
+            ctx = ssl.create_default_context(cafile=tls["cert_file"])
+            wait_for(lambda: send_raw(port, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n", ctx)[0] == 200, 30, "readyz")
+            yield port
+        finally:
+            stop_process(proc)
+
+
+@pytest.mark.parametrize("rel", WEBHOOK_TRACES)
+def test_recorded_api_server_requests_get_the_answer_it_accepts(
+    webhook_process: int, tls: dict[str, str], rel: str
+) -> None:
+    """Problem 1 of issue 15: kube-apiserver calls `POST /webhook?timeout=10s`; the answer must be
+    what its VerifyAdmissionResponse accepts, for every recorded pod (url and service forms)."""
+    ctx = ssl.create_default_context(cafile=tls["cert_file"])
+    for record in traces.load_json(rel):
+        assert record["request_line"] == "POST /webhook?timeout=10s HTTP/1.1"
+        status, headers, data = send_raw(webhook_process, traces.request_bytes(record, newline=True), ctx)
+        assert status == 200, data
+        assert headers["content-type"] == "application/json"
+        out = json.loads(data)
+        req = record["body"]["request"]
+        resp = verify_admission_response(req["uid"], out)  # kube-apiserver's own checks
+        assert set(out) == {"apiVersion", "kind", "response"} and resp["uid"] == req["uid"]
+        assert resp["allowed"] is True
+        pod = req["object"]
+        if rel.endswith("c-no-gpu.json"):
+            assert set(resp) == {"uid", "allowed"}  # no patch, no patchType
+            continue
+        assert resp["patchType"] == "JSONPatch"
+        ops = json.loads(base64.b64decode(resp["patch"]))
+        # Every container already names nvidia.com/gpu (the API server copied limits into
+        # requests; 3000 arrives as "3k"): only the scheduler changes.
+        assert ops == [{"op": "replace", "path": "/spec/schedulerName", "value": "vgpu-scheduler"}]
+        if rel.endswith("generateName.json"):  # made by the Job controller: no name yet
+            assert "name" not in req and "name" not in pod["metadata"] and pod["metadata"]["generateName"]
+
+
+def test_the_extender_routes_on_the_path_too(kubeapi: KubeAPI, tmp_path: Path) -> None:
+    """The recorded filter call of a real kube-scheduler (its Pod asks gpumem "3k") to the real
+    process, at /filter with a query string: answered, and the 3k read as 3000 MiB."""
+    [record] = [
+        r
+        for r in traces.load_json("extender/requests-nodecache-true.json")
+        if r["scenario"] == "basic-a" and r["verb"] == "filter"
+    ]
+    kubeapi.create("nodes", gpu_node("node-1", n=1, mem_gib=16))
+    pod = record["body"]["Pod"]
+    kubeapi.create("pods", {"metadata": pod["metadata"], "spec": pod["spec"]})
+    proc, port = start_process(kubeapi.write_kubeconfig(tmp_path / "kc"), "--serve", "extender")
+    try:
+        wait_for(lambda: send_raw(port, b"GET /readyz?x=1 HTTP/1.1\r\nHost: x\r\n\r\n", None)[0] == 200, 30, "readyz")
+        data = traces.request_bytes(record, newline=False)
+        data = data.replace(b"POST /extender/filter HTTP/1.1", b"POST /filter?from=trace HTTP/1.1", 1)
+        status, _, body = send_raw(port, data, None)
+        assert status == 200, body
+        out = json.loads(body)
+        assert out["Error"] == "" and out["NodeNames"] == ["node-1"], out
+        d = decision_of(kubeapi, "basic-a")
+        assert d is None or d.containers[0].gpus[0].memory == 3000 * MiB
+    finally:
+        stop_process(proc)

@@ -17,9 +17,16 @@ The kubernetes Python client talks to it unmodified (point a kubeconfig at `url`
   `pods/<name>/binding` subresource (sets spec.nodeName, 409 when already bound) and
   `<name>/status` (patch/replace of the same object).
 - One global resourceVersion counter; every change is a watch event.
+- What kube-apiserver does to Pods and Nodes on the way in (tests/support/admission.py, from its
+  sources, checked against tests/data/real-traces/{webhook,quantities}): quantities written in
+  canonical form (3000 is stored as "3k"), requests defaulted from limits, the mutating webhooks
+  of the MutatingWebhookConfigurations stored here called as the API server calls them
+  (`POST /webhook?timeout=10s`, selectors, matchConditions, failurePolicy; `endpoints` says where
+  a Service is served), the generateName after admission, and container resources validated
+  (an extended resource must be whole: 422 "must be an integer").
 
-Not modelled: admission, defaulting, validation beyond names, RBAC, server-side apply, field
-managers, list pagination (limit/continue are ignored: lists are whole).
+Not modelled: other admission plugins, the rest of defaulting and validation, RBAC, server-side
+apply, field managers, list pagination (limit/continue are ignored: lists are whole).
 
 Tests use it directly too: `create`, `get`, `update`, `delete`, `objects`, `expire_history`,
 `fail_next` (inject an HTTP error on the next matching request), `requests` (what was asked).
@@ -42,6 +49,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support import admission
 
 Obj = dict[str, Any]
 
@@ -284,6 +293,8 @@ class KubeAPI:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.latency_s = 0.0  # added to every HTTP request (timeouts, races)
+        self.endpoints = admission.Endpoints()  # where webhook Services are served
+        self.admission_calls: list[Obj] = []  # AdmissionReviews sent to webhooks
 
     # ----- lifecycle -----
     def start(self) -> KubeAPI:
@@ -390,23 +401,38 @@ class KubeAPI:
         return k[:1].upper() + k[1:], api_version
 
     def create(self, plural: str, obj: Obj, namespace: str = "", api_version: str = "v1") -> Obj:
+        """As kube-apiserver's create handler (tests/support/admission.py): decode and defaulting,
+        mutating admission (Pods), then the name from generateName, validation, the store."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         ns = "" if plural in CLUSTER_SCOPED else (namespace or meta.get("namespace") or "default")
+        kind, av = self._kind(plural, api_version)
+        obj.setdefault("kind", kind)
+        obj.setdefault("apiVersion", av)
+        if ns:
+            meta["namespace"] = ns
+        try:
+            admission.normalize(plural, obj)
+            if plural == "pods":
+                obj = self._admit_pod(obj, ns)  # outside the lock: a webhook may call this API
+        except admission.AdmissionError as e:
+            raise APIError(e.code, e.reason, e.message) from None
+        meta = obj.setdefault("metadata", {})
         with self._lock:
             if not meta.get("name"):
+                # rest.BeforeCreate, after mutating admission: the webhook saw no name.
                 gen = meta.get("generateName")
                 if not gen:
                     raise APIError(422, "Invalid", f"{plural}: metadata.name: Required value")
                 meta["name"] = gen + uuidlib.uuid4().hex[:5]
             name = meta["name"]
+            if plural == "pods":
+                try:
+                    admission.validate_pod(obj)
+                except admission.AdmissionError as e:
+                    raise APIError(e.code, e.reason, e.message) from None
             if (plural, ns, name) in self._objects:
                 raise APIError(409, "AlreadyExists", f'{plural} "{name}" already exists')
-            kind, av = self._kind(plural, api_version)
-            obj.setdefault("kind", kind)
-            obj.setdefault("apiVersion", av)
-            if ns:
-                meta["namespace"] = ns
             meta["uid"] = meta.get("uid") or str(uuidlib.uuid4())
             meta.setdefault("creationTimestamp", now_rfc3339())
             meta.pop("resourceVersion", None)
@@ -416,6 +442,17 @@ class KubeAPI:
             self._objects[(plural, ns, name)] = obj
             self._bump(plural, ns, "ADDED", obj)
             return copy.deepcopy(obj)
+
+    def _admit_pod(self, pod: Obj, ns: str) -> Obj:
+        """Mutating admission webhooks of the MutatingWebhookConfigurations stored here."""
+        configs = self.objects("mutatingwebhookconfigurations")
+        if not configs:
+            return pod
+        with self._lock:
+            nso = self._objects.get(("namespaces", "", ns))
+        # The NamespaceLifecycle controller labels every namespace with its name.
+        labels = {**((nso or {}).get("metadata", {}).get("labels") or {}), "kubernetes.io/metadata.name": ns}
+        return admission.mutate(pod, ns, configs, labels, self.endpoints, apply_json_patch, self.admission_calls)
 
     def get(self, plural: str, name: str, namespace: str = "") -> Obj:
         ns = "" if plural in CLUSTER_SCOPED else (namespace or "default")
@@ -448,6 +485,14 @@ class KubeAPI:
                     "please apply your changes to the latest version and try again",
                 )
             new = fn(cur if pure else copy.deepcopy(cur))
+            part = {"pods": "spec", "nodes": "status"}.get(plural)
+            if part and new is not cur and not (pure and new.get(part) is cur.get(part)):
+                if pure and isinstance(new.get(part), dict):
+                    new[part] = copy.deepcopy(new[part])  # a merge patch shares what it did not touch
+                try:
+                    admission.normalize(plural, new)  # every write is decoded and defaulted
+                except admission.AdmissionError as e:
+                    raise APIError(e.code, e.reason, e.message) from None
             new["metadata"] = dict(new.get("metadata") or {})  # its own, as _bump writes resourceVersion
             meta = new.setdefault("metadata", {})
             # immutable identity

@@ -37,3 +37,22 @@ def load_json(rel: str) -> Any:
 
 def text(rel: str) -> str:
     return path(rel).read_text()
+
+
+def request_bytes(record: dict[str, Any], newline: bool) -> bytes:
+    """The HTTP request a recording holds (request_line, headers in order, body), as bytes.
+
+    Bodies were stored re-indented with key order kept: compact JSON gives back the bytes that
+    were sent. Go's JSON encoder (what kube-apiserver sends webhooks) ends with a newline;
+    kube-scheduler's json.Marshal (extender calls) does not. The recorded Content-Length must
+    match: a check that the bytes are the real ones.
+    """
+    body = json.dumps(record["body"], separators=(",", ":"), ensure_ascii=False).encode()
+    if newline:
+        body += b"\n"
+    headers = [(k, v) for k, v in record["headers"]]
+    length = [v for k, v in headers if k.lower() == "content-length"]
+    if length != [str(len(body))]:
+        raise ValueError(f"rebuilt body is {len(body)} bytes, recorded Content-Length {length}")
+    head = record["request_line"] + "\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+    return head.encode() + body

@@ -73,6 +73,7 @@ imagePullSecrets:
 - --prefix={{ .Values.nodeSetup.prefix }}
 - --containerd-config={{ .Values.nodeSetup.containerdConfig }}
 - --handler={{ .Values.runtimeClass.handler }}
+- --state-dir={{ .Values.stateDir }}
 {{- if .Values.nodeSetup.withoutNvidiaRuntime }}
 - --without-nvidia-runtime
 {{- end }}

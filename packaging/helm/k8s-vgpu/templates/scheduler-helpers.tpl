@@ -16,8 +16,29 @@
 {{- if .Values.scheduler.kubeScheduler.imageTag -}}
 {{- .Values.scheduler.kubeScheduler.imageTag -}}
 {{- else -}}
-{{- .Capabilities.KubeVersion.Version | splitList "+" | first | splitList "-" | first -}}
+{{- include "k8s-vgpu.kubeVersion" . | splitList "+" | first | splitList "-" | first -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The cluster's Kubernetes version: the kubeVersion value, else what Helm was told. */}}
+{{- define "k8s-vgpu.kubeVersion" -}}
+{{- default .Capabilities.KubeVersion.Version .Values.kubeVersion -}}
+{{- end -}}
+
+{{/* "true" where MutatingWebhook matchConditions exist (beta and on by default in 1.28, GA in 1.30). */}}
+{{- define "k8s-vgpu.webhook.matchConditions" -}}
+{{- if semverCompare ">=1.28-0" (include "k8s-vgpu.kubeVersion" .) }}true{{ end -}}
+{{- end -}}
+
+{{/* The webhook's CEL matchCondition: a container (init or app) names a vGPU resource in its
+     limits or requests.  docs/scheduler.md quotes it. */}}
+{{- define "k8s-vgpu.webhook.condition" -}}
+has(object.spec) && ((has(object.spec.containers) ? object.spec.containers : []) +
+    (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c,
+  has(c.resources) &&
+  ['{{ .Values.resourceName }}', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores'].exists(r,
+    (has(c.resources.limits) && r in c.resources.limits) ||
+    (has(c.resources.requests) && r in c.resources.requests)))
 {{- end -}}
 
 {{/* Flags the extender and the webhook share: the same sizing rules on both. */}}
