@@ -91,6 +91,22 @@ class ClaimState:
     def ensure_dir(self) -> None:
         os.makedirs(self.claims_dir, mode=0o700, exist_ok=True)
         os.chmod(self.claims_dir, 0o700)
+        self._ensure_preload()
+
+    @property
+    def preload_path(self) -> str:
+        # One file for every claim: its content is the same, and it is mounted read-only.
+        return os.path.join(self.claims_dir, vpaths.PRELOAD_FILE)
+
+    def _ensure_preload(self) -> None:
+        want = preload_text().encode()
+        try:
+            with open(self.preload_path, "rb") as f:
+                if f.read(4096) == want and not os.path.islink(self.preload_path):
+                    return
+        except OSError:
+            pass
+        _write(self.preload_path, want, 0o644)
 
     def path(self, claim_uid: str) -> str:
         # The UID was checked (claims.valid_uid) before it reaches here; refuse anything else.
@@ -103,7 +119,7 @@ class ClaimState:
         return {
             "limits": os.path.join(d, vpaths.LIMITS_FILE),
             "region": os.path.join(d, vpaths.REGION_FILE),
-            "preload": os.path.join(d, vpaths.PRELOAD_FILE),
+            "preload": self.preload_path,
             "metadata": os.path.join(d, CLAIM_METADATA),
         }
 
@@ -127,9 +143,10 @@ class ClaimState:
         f = self.files(meta.claim_uid)
         lim = vlimits.from_record(rec)
         _write(f["limits"], vlimits.render(lim).encode(), 0o644)
-        _write(f["preload"], preload_text().encode(), 0o644)
+        if not os.path.isfile(f["preload"]):
+            self._ensure_preload()
         if not os.path.isfile(f["region"]) or os.path.islink(f["region"]):
-            vregion.initialise(f["region"], lim, mode=0o666)
+            _write(f["region"], region_image(lim), 0o666)
         if not (keep_metadata and os.path.isfile(f["metadata"]) and not os.path.islink(f["metadata"])):
             _write(f["metadata"], msgspec.json.encode(meta), 0o600)
 
@@ -146,10 +163,36 @@ class ClaimState:
             os.unlink(p)
 
     def list(self) -> list[str]:
+        """The claim directories (not the shared preload file)."""
         try:
-            return sorted(os.listdir(self.claims_dir))
+            return sorted(n for n in os.listdir(self.claims_dir) if n != vpaths.PRELOAD_FILE)
         except FileNotFoundError:
             return []
+
+
+def region_image(lim: list[vlimits.DeviceLimit]) -> bytes:
+    """The bytes `vgpu.region.initialise` writes for these limits (its ctypes layout, filled in
+    the same way), for a write without its fsync: a claim's region is rebuilt from the
+    checkpoint after a crash, and sixteen fsyncs of 584 KiB would dominate Prepare
+    (`make bench-dra`). tests/dra/test_claimstate.py compares the two byte for byte."""
+    if len(lim) > vregion.MAX_DEVICES:
+        raise ValueError(f"too many devices ({len(lim)} > {vregion.MAX_DEVICES})")
+    r = vregion.Region()
+    r.magic = vregion.MAGIC
+    r.version = vregion.VERSION
+    r.size = vregion.REGION_SIZE
+    r.num_devices = len(lim)
+    r.num_slots = vregion.MAX_SLOTS
+    r.created = int(time.time())
+    for i, d in enumerate(lim):
+        u = d.uuid.encode()
+        if len(u) >= vregion.UUID_LEN:
+            raise ValueError(f"uuid too long: {d.uuid[:40]!r}")
+        r.devices[i].uuid = u
+        r.devices[i].memory_limit = d.memory_limit
+        r.devices[i].core_percent = d.core_percent
+        r.devices[i].flags = vregion.DEV_OVERSUBSCRIBE if d.oversubscribe else 0
+    return bytes(r)
 
 
 def _write(path: str, data: bytes, mode: int) -> None:

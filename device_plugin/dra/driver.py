@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from concurrent import futures
 from dataclasses import dataclass
 
 from device_plugin.dra import apiclient, cdi, claims, core, slices
@@ -77,6 +78,8 @@ class Driver:
         self.specs = specs or cdi.SpecDir(cfg.cdi_dir)
         self.unhealthy: set[str] = set()
         self._lock = threading.Lock()
+        self._readers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-read")
+        self._workers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-make")
         self.cp = ckpt.Checkpoint(driver=cfg.driver_name, node=node)
 
     # --- start-up ------------------------------------------------------------------------------
@@ -157,7 +160,7 @@ class Driver:
     # --- prepare ---------------------------------------------------------------------------------
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
-        wanted: dict[str, tuple[ClaimRef, list[claims.Share] | str, claims.ResourceClaim | None]] = {}
+        to_read: dict[str, ClaimRef] = {}
         for ref in refs:
             if not claims.valid_uid(ref.uid):
                 out[ref.uid] = PrepareResult([], f"invalid ResourceClaim UID {ref.uid[:64]!r}")
@@ -168,8 +171,16 @@ class Driver:
             with self._lock:
                 done = self.cp.claims.get(ref.uid)
             if done is None:
-                wanted[ref.uid] = (ref, *self._read(ref))
+                to_read[ref.uid] = ref
+        # The API reads of one call overlap (the kubelet sends all claims of a pod at once).
+        refs_to_read = list(to_read.values())
+        if len(refs_to_read) > 1:
+            got_all = list(self._readers.map(self._read, refs_to_read))
+        else:
+            got_all = [self._read(r) for r in refs_to_read]
+        wanted = {r.uid: (r, *got) for r, got in zip(refs_to_read, got_all, strict=True)}
         new: list[str] = []
+        to_make: list[tuple[ClaimRef, list[claims.Share], claims.ResourceClaim | None]] = []
         with self._lock:
             for ref in refs:
                 if ref.uid in out:
@@ -187,16 +198,21 @@ class Driver:
                 if isinstance(got, str):
                     out[ref.uid] = PrepareResult([], got)
                     continue
-                try:
-                    pc = self._make(ref, got, claim)
-                except Exception as e:  # OSError, a bad record: this claim only
-                    log.error(kv("prepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=e))
-                    self._undo(ref.uid, None)
-                    out[ref.uid] = PrepareResult([], f"cannot prepare ResourceClaim {ref.namespace}/{ref.name}: {e}")
+                if all(m[0].uid != ref.uid for m in to_make):
+                    to_make.append((ref, got, claim))
+            # The files of different claims are independent: made in parallel, the file
+            # system's latencies overlap (the driver lock keeps other calls out meanwhile).
+            if len(to_make) > 1:
+                made = list(self._workers.map(lambda m: self._try_make(*m), to_make))
+            else:
+                made = [self._try_make(*m) for m in to_make]
+            for (ref, _, _), result in zip(to_make, made, strict=True):
+                if isinstance(result, str):
+                    out[ref.uid] = PrepareResult([], result)
                     continue
-                self.cp.claims[ref.uid] = pc
+                self.cp.claims[ref.uid] = result
                 new.append(ref.uid)
-                out[ref.uid] = self._answer(pc)
+                out[ref.uid] = PrepareResult(list(result.devices))
             if new:
                 try:
                     ckpt.save(self.cfg.checkpoint_path, self.cp)
@@ -234,6 +250,17 @@ class Driver:
         if bad:
             return f"ResourceClaim {ref.namespace}/{ref.name}: unhealthy device {', '.join(bad)}", None
         return got, claim
+
+    def _try_make(
+        self, ref: ClaimRef, shares: list[claims.Share], claim: claims.ResourceClaim | None
+    ) -> ckpt.PreparedClaim | str:
+        """The claim's record and files, or the error text (nothing of it left behind)."""
+        try:
+            return self._make(ref, shares, claim)
+        except Exception as e:  # OSError, a bad record: this claim only
+            log.error(kv("prepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=e))
+            self._undo(ref.uid, None)
+            return f"cannot prepare ResourceClaim {ref.namespace}/{ref.name}: {e}"
 
     def _make(
         self, ref: ClaimRef, shares: list[claims.Share], claim: claims.ResourceClaim | None

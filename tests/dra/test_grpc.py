@@ -56,6 +56,10 @@ def records(cfg: DRAConfig) -> list[AllocationRecord]:
     return [read_record(str(p)) for p in sorted(d.glob("*.json"))] if d.is_dir() else []
 
 
+def claim_dirs(cfg: DRAConfig) -> list[str]:
+    return sorted(p.name for p in Path(cfg.claims_dir).iterdir() if p.is_dir())
+
+
 def test_registration(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet) -> None:
     r = kubelet.wait_registered(DRIVER)
     assert r.socket == os.path.join(cfg.kubelet_dir, "plugins_registry", f"{DRIVER}-reg.sock")
@@ -88,7 +92,7 @@ def test_prepare_6gi_30pct(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, 
     ]
     reg = vregion.read_region(str(d / "region"))
     assert [(x.uuid, x.memory_limit) for x in reg.devices] == [(g.uuid, 6 * GIB)]
-    assert (d / "ld.so.preload").read_text() == "/run/vgpu/libvgpu.so\n"
+    assert (Path(cfg.claims_dir) / "ld.so.preload").read_text() == "/run/vgpu/libvgpu.so\n"  # one for all
     assert oct((d / "region").stat().st_mode & 0o777) == "0o666"
     meta = json.loads((d / "claim.json").read_text())
     assert meta["token"] == rec.token and meta["reserved_for"][0]["name"] == "pod-a"
@@ -102,7 +106,7 @@ def test_prepare_6gi_30pct(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, 
         "/run/vgpu/libvgpu.so": (cfg.library_path, ["ro", "nosuid", "nodev", "bind"]),
         "/run/vgpu/limits": (str(d / "limits"), ["ro", "nosuid", "nodev", "bind"]),
         "/run/vgpu/region": (str(d / "region"), ["rw", "nosuid", "nodev", "bind"]),
-        "/etc/ld.so.preload": (str(d / "ld.so.preload"), ["ro", "nosuid", "nodev", "bind"]),
+        "/etc/ld.so.preload": (str(Path(cfg.claims_dir) / "ld.so.preload"), ["ro", "nosuid", "nodev", "bind"]),
     }
     assert not any("VGPU_ALLOCATION_TOKEN" in e for e in sdev["containerEdits"]["env"])
     cp = ckpt.load(cfg.checkpoint_path, DRIVER, NODE)
@@ -208,7 +212,7 @@ def test_bad_claims_fail_alone(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubel
         assert text in resp.claims[uid].error, (uid, resp.claims[uid].error)
         assert not resp.claims[uid].devices
     # Nothing of the failed claims is left behind; the good one is prepared.
-    assert len(records(cfg)) == 1 and os.listdir(cfg.claims_dir) == [good.uid]
+    assert len(records(cfg)) == 1 and claim_dirs(cfg) == [good.uid]
     assert os.listdir(cfg.cdi_dir) == [cdi.spec_file_name(good.uid)]
     # The kubelet fails the pod on the first claim in error, as manager.go does.
     with pytest.raises(KubeletError, match="NodePrepareResources failed for ResourceClaim"):
@@ -262,7 +266,7 @@ def test_restart_answers_from_the_checkpoint_and_rebuilds_files(
         assert (Path(cfg.claims_dir) / c.uid / "limits").is_file()
         assert kubelet.prepare(DRIVER, [c]) == first  # from the checkpoint: no API read
         kubelet.unprepare(DRIVER, [c])
-        assert records(cfg) == [] and os.listdir(cfg.claims_dir) == []
+        assert records(cfg) == [] and claim_dirs(cfg) == []
     finally:
         p.stop()
 
@@ -287,7 +291,7 @@ def test_start_up_removes_leftovers_and_refuses_a_bad_checkpoint(
     p = start_plugin(cfg, GPUS, None)
     p.stop()
     assert records(cfg) == [] and not p.driver.core.has_record(rec.token)
-    assert os.listdir(cfg.claims_dir) == []
+    assert claim_dirs(cfg) == []
     assert os.listdir(cfg.cdi_dir) == [cdi.spec_file_name(other)]
     Path(cfg.checkpoint_path).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.checkpoint_path).write_text("{not json")
