@@ -88,11 +88,9 @@ def load(args: argparse.Namespace) -> tuple[DRAConfig, str]:
 
 
 def _gpus() -> list[inventory.GPU]:
+    """The GPUs; NVML stays initialised (the health monitor waits on its XID events)."""
     nvml.init()
-    try:
-        return inventory.read()
-    finally:
-        nvml.shutdown()
+    return inventory.read()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, RuntimeError) as e:  # state dir, kubelet dir, a checkpoint it cannot use
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
+    finally:
+        nvml.shutdown()
 
 
 def _unpublish(cfg: DRAConfig, api: apiclient.ResourceAPI | None) -> int:

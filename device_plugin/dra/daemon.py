@@ -59,12 +59,17 @@ class DRADaemon:
             Slicing(cfg.split_count, cfg.memory_scaling, cfg.cores_scaling),
         )
         self.health = (
-            HealthMonitor(self.table, HEALTH_RECOVERY_S, on_change=self._health_changed.set) if nvml_health else None
+            HealthMonitor(self.table, HEALTH_RECOVERY_S, on_change=self._on_health_change) if nvml_health else None
         )
         self.publisher = (
             Publisher(api, cfg, self.node, self.current_gpus) if (api is not None and cfg.publish) else None
         )
         self.server: PluginServer | None = None
+
+    def _on_health_change(self) -> None:
+        # Prepare refuses an unhealthy GPU at once; the publisher withdraws it from the slices.
+        self.driver.set_unhealthy(self.unhealthy())
+        self._health_changed.set()
 
     def current_gpus(self) -> list[inventory.GPU]:
         return inventory.with_health(self.gpus, self.unhealthy())
@@ -106,7 +111,6 @@ class DRADaemon:
             now = time.monotonic()
             if self._health_changed.is_set() or now >= next_sync:
                 self._health_changed.clear()
-                self.driver.set_unhealthy(self.unhealthy())
                 ok = self.publisher.sync()
                 next_sync = now + (self.cfg.resync_s if ok else min(5.0, self.cfg.resync_s))
             self._health_changed.wait(max(0.05, min(1.0, next_sync - time.monotonic())))

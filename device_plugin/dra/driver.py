@@ -344,7 +344,8 @@ class Driver:
         return PrepareResult(list(pc.devices))
 
     def _undo(self, uid: str, token: str | None) -> None:
-        """Remove whatever of a claim exists (best effort: failures are logged)."""
+        """Remove whatever of a claim exists (best effort: failures are logged). Without the
+        token, the records are searched for the claim's share IDs."""
         for what, fn in (
             ("CDI spec", lambda: self.specs.remove(uid)),
             ("claim directory", lambda: self.state.remove(uid)),
@@ -356,7 +357,7 @@ class Driver:
         tokens = {token} if token else set()
         marker = f"::dra:{uid}:"
         try:
-            for r in self.core.list_records():
+            for r in self.core.list_records() if not token else []:
                 if any(marker in v for g in r.gpus for v in g.vgpu_ids):
                     tokens.add(r.token)
         except OSError as e:

@@ -133,3 +133,35 @@ def _wait_slices(kube: kubeapi.KubeAPI, timeout: float = 30) -> list[dict]:
             return got
         time.sleep(0.1)
     raise TimeoutError("no ResourceSlice published")
+
+
+def test_an_xid_withdraws_the_gpu(cfg: DRAConfig, node: FakeGPU, kube: kubeapi.KubeAPI, tmp_path: Path) -> None:
+    from device_plugin.dra.inventory import GPU
+
+    log = open(tmp_path / "plugin.log", "wb")
+    with DRAKubelet(cfg.kubelet_dir) as kubelet:
+        proc = subprocess.Popen(
+            argv(cfg), env=env(node, kube, tmp_path), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+        )
+        try:
+            kubelet.wait_registered(DRIVER, timeout=60)
+            _wait_slices(kube)
+            gpus = [GPU(index=i, uuid=u, product_name="x", memory_total=16 * GIB) for i, u in enumerate(node.uuids)]
+            claims = Claims(kube, cfg, gpus)
+            claims.make({"a": {"memory": "14Gi"}})  # fills gpu-0: the next claim lands on gpu-1
+            on_gpu1 = claims.make({"b": {"memory": "4Gi"}})
+            node.inject_xid(1, 79)  # "GPU has fallen off the bus": a critical XID
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                [s] = kube.objects("resourceslices")
+                if [d["name"] for d in s["spec"].get("devices", [])] == ["gpu-0"]:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"gpu-1 still published: {kube.objects('resourceslices')}")
+            assert s["spec"]["pool"]["generation"] == 2
+            resp = kubelet.prepare_raw(DRIVER, [on_gpu1])
+            assert "unhealthy device gpu-1" in resp.claims[on_gpu1.uid].error
+        finally:
+            terminate(proc, 15)
+            log.close()
