@@ -34,11 +34,12 @@ with a digit needs 0.5.0; nothing else here is newer) and one every CDI-enabled 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from vgpu import paths as vpaths
 
@@ -119,7 +120,7 @@ class SpecDir:
         """
         os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
         path = self.path(claim_uid)
-        data = json.dumps(spec(claim_uid, files), indent=1).encode()
+        data = msgspec.json.encode(spec(claim_uid, files))
         tmp = os.path.join(self.cdi_dir, f".{spec_file_name(claim_uid)}.tmp{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:

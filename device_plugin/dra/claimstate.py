@@ -124,13 +124,13 @@ class ClaimState:
         }
 
     def complete(self, claim_uid: str) -> bool:
-        """Every file is there (regular files, not links)."""
-        for p in self.files(claim_uid).values():
+        """Every file is there (regular files, not links; the region of a region's size)."""
+        for what, p in self.files(claim_uid).items():
             try:
                 st = os.lstat(p)
             except FileNotFoundError:
                 return False
-            if not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(st.st_mode) or (what == "region" and st.st_size != vregion.REGION_SIZE):
                 return False
         return True
 
@@ -145,8 +145,8 @@ class ClaimState:
         _write(f["limits"], vlimits.render(lim).encode(), 0o644)
         if not os.path.isfile(f["preload"]):
             self._ensure_preload()
-        if not os.path.isfile(f["region"]) or os.path.islink(f["region"]):
-            _write(f["region"], region_image(lim), 0o666)
+        if not _is_region(f["region"]):
+            write_region(f["region"], lim)
         if not (keep_metadata and os.path.isfile(f["metadata"]) and not os.path.islink(f["metadata"])):
             _write(f["metadata"], msgspec.json.encode(meta), 0o600)
 
@@ -171,13 +171,12 @@ class ClaimState:
 
 
 def region_image(lim: list[vlimits.DeviceLimit]) -> bytes:
-    """The bytes `vgpu.region.initialise` writes for these limits (its ctypes layout, filled in
-    the same way), for a write without its fsync: a claim's region is rebuilt from the
-    checkpoint after a crash, and sixteen fsyncs of 584 KiB would dominate Prepare
-    (`make bench-dra`). tests/dra/test_claimstate.py compares the two byte for byte."""
+    """The bytes `vgpu.region.initialise` writes for these limits, up to the process slots
+    (all zero in a fresh region): its ctypes layout, filled in the same way."""
     if len(lim) > vregion.MAX_DEVICES:
         raise ValueError(f"too many devices ({len(lim)} > {vregion.MAX_DEVICES})")
-    r = vregion.Region()
+    buf = bytearray(vregion.REGION_SIZE)
+    r = vregion.Region.from_buffer(buf)
     r.magic = vregion.MAGIC
     r.version = vregion.VERSION
     r.size = vregion.REGION_SIZE
@@ -192,7 +191,39 @@ def region_image(lim: list[vlimits.DeviceLimit]) -> bytes:
         r.devices[i].memory_limit = d.memory_limit
         r.devices[i].core_percent = d.core_percent
         r.devices[i].flags = vregion.DEV_OVERSUBSCRIBE if d.oversubscribe else 0
-    return bytes(r)
+    del r  # releases the buffer export
+    return bytes(buf[: vregion.SLOT_OFFSET])
+
+
+def write_region(path: str, lim: list[vlimits.DeviceLimit]) -> None:
+    """A fresh region with the content of `vgpu.region.initialise` (tests/dra/test_claimstate.py
+    compares the files byte for byte), written for speed: the header and devices, then the
+    zeroed slots as allocated space (posix_fallocate: reads as zeros, and the library's later
+    writes through its mapping cannot fail for want of disk space), no fsync (a claim's region
+    is rebuilt from the checkpoint after a crash; sixteen fsyncs of 584 KiB would dominate
+    Prepare, `make bench-dra`), renamed into place."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        os.fchmod(fd, 0o666)
+        os.write(fd, region_image(lim))
+        os.posix_fallocate(fd, 0, vregion.REGION_SIZE)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+
+
+def _is_region(path: str) -> bool:
+    """A regular file of a region's size (a plugin crash never leaves a partial one: regions
+    appear by rename)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == vregion.REGION_SIZE
 
 
 def _write(path: str, data: bytes, mode: int) -> None:

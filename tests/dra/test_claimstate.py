@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from device_plugin.dra import claims, core
-from device_plugin.dra.claimstate import ClaimState, new_metadata, region_image
+from device_plugin.dra.claimstate import ClaimState, new_metadata, write_region
 from runtime_hook import records as hook_records
 from tests.dra.conftest import GIB, gpus
 from vgpu import limits as vlimits
@@ -32,14 +32,15 @@ _uuid = st.from_regex(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}", fullmatch=True)
         unique_by=lambda t: t[0],
     )
 )
-def test_region_image_is_vgpu_region_initialise_byte_for_byte(
-    tmp_path_factory: pytest.TempPathFactory, devs: list
-) -> None:
+def test_region_is_vgpu_region_initialise_byte_for_byte(tmp_path_factory: pytest.TempPathFactory, devs: list) -> None:
     lim = [vlimits.DeviceLimit(uuid=u, memory_limit=m, core_percent=c, oversubscribe=o) for u, m, c, o in devs]
-    path = tmp_path_factory.mktemp("r") / "region"
-    vregion.initialise(str(path), lim)
-    ref = bytearray(path.read_bytes())
-    ours = bytearray(region_image(lim))
+    d = tmp_path_factory.mktemp("r")
+    vregion.initialise(str(d / "ref"), lim)
+    write_region(str(d / "ours"), lim)
+    ref = bytearray((d / "ref").read_bytes())
+    ours = bytearray((d / "ours").read_bytes())
+    assert oct(os.stat(d / "ours").st_mode & 0o777) == "0o666"
+    assert os.stat(d / "ours").st_blocks * 512 >= vregion.REGION_SIZE  # allocated, not sparse
     created = vregion.Region.created.offset
     ours[created : created + 8] = ref[created : created + 8]  # the creation time differs
     assert ours == ref

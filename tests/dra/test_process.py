@@ -22,7 +22,7 @@ from tests.support import kubeapi, resourcevalidation
 from tests.support.drakubelet import DRAKubelet
 from tests.support.procs import terminate
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.vgpu.k8s.io"
 
