@@ -19,6 +19,9 @@ Modelled on kubelet v1.36 (openshift/kubernetes as vendored for 1.36.2):
   with the claims, then: a result for a claim not asked about is an error, a claim's `error`
   fails it, a missing claim is "skipped"; `claiminfo.go` cdiDevicesAsList gives a container the
   CDI IDs of the devices of the requests it uses (a device without request names: all).
+- `pkg/kubelet/pluginmanager/reconciler/reconciler.go` reconcile: a socket whose registration
+  failed (a GetInfo timeout under load, a refusal) is registered again, with the exponential
+  backoff of pkg/util/goroutinemap/exponentialbackoff (500 ms, doubling, at most 2 m 2 s).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ DRA_PLUGIN_TYPE = "DRAPlugin"
 SERVICES_SUPPORTED_BY_KUBELET = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 GET_INFO_TIMEOUT_S = 1.0
 NOTIFY_TIMEOUT_S = 5.0
+RETRY_INITIAL_S = 0.5
+RETRY_MAX_S = 122.0
 
 
 class KubeletError(RuntimeError):
@@ -95,6 +100,7 @@ class DRAKubelet:
         self.plugins: dict[str, tuple[str, str]] = {}  # driver -> (endpoint, chosen service)
         self._seen: dict[str, tuple[int, int]] = {}
         self._reg_socket: dict[str, str] = {}  # driver -> registration socket
+        self._retry: dict[str, tuple[float, float]] = {}  # socket -> (when, backoff) after a failure
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,10 +147,20 @@ class DRAKubelet:
                     if path in self._seen:  # replaced between two looks: removed, then created
                         self._deregister(path)
                     self._seen[path] = ident
-                    self._register(path)
+                    self._retry.pop(path, None)
+                    self._attempt(path, RETRY_INITIAL_S)
+                elif path in self._retry and time.monotonic() >= self._retry[path][0]:
+                    self._attempt(path, min(self._retry[path][1] * 2, RETRY_MAX_S))
             for path in [p for p in self._seen if p not in live]:
                 del self._seen[path]
+                self._retry.pop(path, None)
                 self._deregister(path)
+
+    def _attempt(self, path: str, backoff: float) -> None:
+        if self._register(path):
+            self._retry.pop(path, None)
+        else:
+            self._retry[path] = (time.monotonic() + backoff, backoff)
 
     def _deregister(self, socket: str) -> None:
         """DeRegisterPlugin: the registration socket is gone."""
@@ -154,7 +170,7 @@ class DRAKubelet:
                 del self._reg_socket[drv]
             self._cond.notify_all()
 
-    def _register(self, socket: str) -> None:
+    def _register(self, socket: str) -> bool:
         r = Registration(socket=socket, ok=False, at=time.monotonic())
         try:
             with grpc.insecure_channel(f"unix://{socket}") as ch:
@@ -199,6 +215,7 @@ class DRAKubelet:
         with self._cond:
             self.registrations.append(r)
             self._cond.notify_all()
+        return r.ok
 
     def wait_registered(self, driver: str, count: int = 1, timeout: float = 10.0) -> Registration:
         """The `count`-th successful registration of `driver`."""
