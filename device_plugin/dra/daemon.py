@@ -143,6 +143,7 @@ class DRADaemon:
                 self.server = None
             if self.health is not None:
                 self.health.stop()
+            self.driver.close()
             for t in threads:
                 t.join(timeout=3)
         log.info("stopped")

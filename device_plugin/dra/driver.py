@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 from collections.abc import Sequence
 from concurrent import futures
@@ -81,6 +82,10 @@ class Driver:
         self._readers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-read")
         self._workers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-make")
         self.cp = ckpt.Checkpoint(driver=cfg.driver_name, node=node)
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=False)
+        self._workers.shutdown(wait=False)
 
     # --- start-up ------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -270,6 +275,13 @@ class Driver:
             [core.ShareSlice(s.uuid, s.memory, s.cores, s.share_id or "", s.request) for s in shares],
             self.cores_cap,
         )
+        # Fail closed with a clear message rather than a runc mount error at container start.
+        try:
+            lib = os.stat(self.cfg.library_path)
+        except OSError as e:
+            raise OSError(f"vGPU library {self.cfg.library_path}: {e.strerror}") from None
+        if not stat.S_ISREG(lib.st_mode):
+            raise OSError(f"vGPU library {self.cfg.library_path} is not a regular file")
         share_list = [
             ClaimDevice(
                 request=s.request,

@@ -26,6 +26,7 @@ class Plugin:
 
     def stop(self) -> None:
         self.server.stop()
+        self.driver.close()
 
 
 def start_plugin(cfg: DRAConfig, gpus: list[GPU], api: kubeapi.KubeAPI | None) -> Plugin:

@@ -314,6 +314,16 @@ def test_no_api_server_is_an_error_per_claim(
         p.stop()
 
 
+def test_missing_library_fails_the_claim_clearly(
+    cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+) -> None:
+    os.unlink(cfg.library_path)
+    c = claims.make({"gpu": {"memory": "1Gi"}})
+    resp = kubelet.prepare_raw(DRIVER, [c])
+    assert f"vGPU library {cfg.library_path}: No such file or directory" in resp.claims[c.uid].error
+    assert records(cfg) == [] and claim_dirs(cfg) == [] and not os.path.exists(cfg.cdi_dir)
+
+
 def test_socket_replaced_under_the_plugin_is_noticed(cfg: DRAConfig, plugin: Plugin) -> None:
     assert plugin.server.alive()
     os.unlink(cfg.registration_socket)
