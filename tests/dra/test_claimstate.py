@@ -153,3 +153,17 @@ def test_other_drivers_results_are_not_ours() -> None:
 def test_malformed_claim_json() -> None:
     with pytest.raises(claims.ClaimError, match="malformed ResourceClaim"):
         claims.decode(b'{"status": {"allocation": {"devices": {"results": "x"}}}}')
+
+
+def test_the_device_plugins_record_collector_leaves_dra_records_alone(tmp_path: Path) -> None:
+    from device_plugin.records import RecordCollector
+
+    paths = Paths(str(tmp_path))
+    dra = core.RecordCore(paths, "gpu.vgpu.k8s.io")
+    dra.ensure_dir()
+    gpu = AllocatedGPU(uuid="GPU-a", memory_limit=GIB, core_percent=10, vgpu_ids=[f"GPU-a::dra:{UID}:s"])
+    mine = dra.write_record([gpu], False)
+    theirs = core.RecordCore(paths, "nvidia.com/gpu").write_record([gpu], False)
+    # No vGPU ID is assigned to any container (PodResources), the grace period is over.
+    deleted = RecordCollector(paths, "nvidia.com/gpu", grace_s=0).collect(set(), now=mine.created + 3600)
+    assert deleted == [theirs.token] and dra.has_record(mine.token)
