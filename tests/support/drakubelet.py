@@ -19,6 +19,10 @@ Modelled on kubelet v1.36 (openshift/kubernetes as vendored for 1.36.2):
   with the claims, then: a result for a claim not asked about is an error, a claim's `error`
   fails it, a missing claim is "skipped"; `claiminfo.go` cdiDevicesAsList gives a container the
   CDI IDs of the devices of the requests it uses (a device without request names: all).
+- `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go` add: with ResourceHealthStatus (on in the
+  recorded v1.36.2 cluster, tests/data/dra) the kubelet opens the plugin's
+  `/v1alpha1.DRAResourceHealth/NodeWatchResources` stream whether or not the plugin advertised
+  it, and retries every 5 s; the stand-in makes one attempt and keeps its status code.
 - `pkg/kubelet/pluginmanager/reconciler/reconciler.go` reconcile: a socket whose registration
   failed (a GetInfo timeout under load, a refusal) is registered again, with the exponential
   backoff of pkg/util/goroutinemap/exponentialbackoff (500 ms, doubling, at most 2 m 2 s).
@@ -62,6 +66,7 @@ class Registration:
     service: str = ""
     error: str = ""
     at: float = 0.0
+    health: str = ""  # status code of the NodeWatchResources attempt
 
 
 @dataclass
@@ -208,6 +213,8 @@ class DRAKubelet:
                         with self._cond:
                             self.plugins.pop(info.name, None)
                 r.ok = not r.error
+                if r.ok:
+                    r.health = self._watch_health(r.endpoint)
         except grpc.RpcError as e:
             r.error = (
                 f"RegisterPlugin error -- failed to get plugin info: {e.details() if hasattr(e, 'details') else e}"
@@ -216,6 +223,21 @@ class DRAKubelet:
             self.registrations.append(r)
             self._cond.notify_all()
         return r.ok
+
+    @staticmethod
+    def _watch_health(endpoint: str) -> str:
+        with grpc.insecure_channel(f"unix://{endpoint}") as ch:
+            stream = ch.unary_stream(
+                "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )(b"", timeout=2.0)
+            try:
+                for _ in stream:
+                    return "OK"
+                return "OK"
+            except grpc.RpcError as e:
+                return e.code().name if hasattr(e, "code") else "ERROR"
 
     def wait_registered(self, driver: str, count: int = 1, timeout: float = 10.0) -> Registration:
         """The `count`-th successful registration of `driver`."""
