@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from typing import Any, Protocol
+from urllib.parse import quote
 
 REQUEST_TIMEOUT_S = 10.0
 
@@ -41,6 +42,13 @@ class ResourceAPI(Protocol):
     def delete_slice(self, name: str) -> None: ...
 
 
+def _status_message(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("message") or "")[:500]
+    except (ValueError, AttributeError, TypeError):
+        return body[:200].decode("utf-8", "replace")
+
+
 def _message(e: Exception) -> tuple[int, str]:
     status = int(getattr(e, "status", 0) or 0)
     body = getattr(e, "body", None)
@@ -61,6 +69,7 @@ class KubeResourceAPI:
     def __init__(self, api_client: Any, timeout: float = REQUEST_TIMEOUT_S) -> None:
         from kubernetes import client  # slow import: only when an API server is configured
 
+        self._client = api_client
         self._resource = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._timeout = timeout
@@ -73,7 +82,25 @@ class KubeResourceAPI:
             raise ApiError(status, msg) from None
 
     def get_claim(self, namespace: str, name: str) -> bytes:
-        data: bytes = self._call(self._resource.read_namespaced_resource_claim, name, namespace).data
+        """GET through the client's own connection pool, TLS settings and credentials (the
+        bearer token of `auth_settings`, refreshed by the client's hook: in-cluster token
+        files, kubeconfig exec plugins; client certificates live in the pool), without the
+        generated method's per-call argument validation: NodePrepareResources reads one claim
+        per claim, and that validation cost more CPU than the rest of the read (make bench-dra)."""
+        cfg = self._client.configuration
+        headers = {"Accept": "application/json"}
+        for auth in cfg.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        ns, n = quote(namespace, safe=""), quote(name, safe="")
+        url = f"{cfg.host}/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{n}"
+        try:
+            r = self._client.rest_client.pool_manager.request("GET", url, headers=headers, timeout=self._timeout)
+        except Exception as e:  # urllib3 errors: connection refused, timeouts, TLS
+            raise ApiError(0, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+        if r.status != 200:
+            raise ApiError(r.status, _status_message(r.data))
+        data: bytes = r.data
         return data
 
     def node_uid(self, node: str) -> str:

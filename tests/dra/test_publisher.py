@@ -163,3 +163,20 @@ def test_fields_dropped_by_the_api_server_do_not_loop(
     assert "DRAConsumableCapacity is off" in caplog.text
     [s] = our_slices(kube)
     assert s["spec"]["pool"]["generation"] == 1
+
+
+def test_claim_reads_carry_the_clients_credentials(kube: kubeapi.KubeAPI) -> None:
+    ac = kube.api_client()
+    seen: list[dict[str, str]] = []
+    request = ac.rest_client.pool_manager.request
+
+    def spy(method: str, url: str, **kw: Any) -> Any:
+        seen.append(dict(kw.get("headers") or {}))
+        return request(method, url, **kw)
+
+    ac.rest_client.pool_manager.request = spy
+    api = apiclient.KubeResourceAPI(ac)
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 404 and "not found" in e.value.message
+    assert seen[-1]["authorization"] == "Bearer test-token" and seen[-1]["Accept"] == "application/json"
