@@ -1,6 +1,6 @@
 """HTTP(S) front of the scheduler: the extender verbs, the webhook and health on one port.
 
-Routes: POST /filter, /prioritize, /bind (kube-scheduler extender), POST /webhook
+Routes: POST /filter, /prioritize, /bind, /preempt (kube-scheduler extender), POST /webhook
 (AdmissionReview v1), GET /healthz (process alive), GET /readyz (state synced; 503 otherwise;
 a follower is ready too: kube-scheduler's own leader election decides who calls). `--serve`
 limits the POST routes to the extender verbs or to the webhook (others answer 404).
@@ -30,6 +30,8 @@ from vgpu_scheduler.extender import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    PreemptError,
 )
 from vgpu_scheduler.follow import LeaseFollower
 from vgpu_scheduler.kube import Kube
@@ -43,6 +45,7 @@ MAX_BODY = 32 << 20  # a nodeCacheCapable:false filter carries every Node object
 _enc = msgspec.json.Encoder()
 _args = msgspec.json.Decoder(ExtenderArgs)
 _bind_args = msgspec.json.Decoder(ExtenderBindingArgs)
+_preempt_args = msgspec.json.Decoder(ExtenderPreemptionArgs)
 
 
 class Service:
@@ -145,7 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(n)
         ext = self.service.extender
         path = self.path.rstrip("/")
-        if path in ("/filter", "/prioritize", "/bind", "/webhook") and not self.service.serves(path):
+        if path in ("/filter", "/prioritize", "/bind", "/preempt", "/webhook") and not self.service.serves(path):
             # --serve: e.g. the webhook's port is reachable from the cluster network; the extender
             # verbs (which write decisions and Bindings) do not exist there at all.
             why = f"{path} is not served here (--serve {self.service.cfg.serve})"
@@ -173,6 +176,18 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(200, _enc.encode(ExtenderBindingResult(Error=f"bad ExtenderBindingArgs: {e}")))
                     return
                 self._send(200, _enc.encode(ext.bind(bargs)))
+            elif path == "/preempt":
+                # ExtenderPreemptionResult has no Error field: kube-scheduler reports a non-200
+                # answer as the extender's error (extender.go send) and retries the pod.
+                try:
+                    pargs = _preempt_args.decode(body)
+                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                    self._send(400, json.dumps({"Error": f"bad ExtenderPreemptionArgs: {e}"}).encode())
+                    return
+                try:
+                    self._send(200, _enc.encode(ext.preempt(pargs)))
+                except PreemptError as e:
+                    self._send(503, json.dumps({"Error": str(e)}).encode())
             elif path == "/webhook":
                 try:
                     review = json.loads(body)

@@ -165,6 +165,8 @@ def test_service_in_follow_mode_refuses_until_its_kube_scheduler_leads(kubeapi: 
         assert r.service.state.relists > relists  # rebuilt from the API before serving
         out = post(r.url + "/filter", args)[1]
         assert out["Error"] == "" and out["NodeNames"] == ["n1"]
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": args["Pod"]["metadata"]["uid"], "Node": "n1"}
+        assert post(r.url + "/bind", bind)[1] == {"Error": ""}
         assert decision_of(kubeapi, "p") is not None
         # /readyz says who serves
         with urllib.request.urlopen(r.url + "/readyz", timeout=5) as resp:
@@ -369,7 +371,7 @@ def test_config_rejects_two_gates() -> None:
 
 
 def test_lead_lost_while_the_decision_is_written_is_withdrawn(kubeapi: KubeAPI) -> None:
-    """The failover window on the old replica: its gate passed, then serving ended during the write."""
+    """The failover window on the old replica: its gate passed, then serving ended during bind's write."""
     kubeapi.create("nodes", gpu_node("n1", n=1, mem_gib=16, split=4))
     kubeapi.create("pods", vgpu_pod("p", mem=8000))
     kubeapi.create("pods", vgpu_pod("q", mem=8000))
@@ -388,14 +390,27 @@ def test_lead_lost_while_the_decision_is_written_is_withdrawn(kubeapi: KubeAPI) 
             serving[0] = False  # the Lease moved on while this write was in flight
             return out
 
+        def bind(name: str) -> dict[str, Any]:
+            uid = kubeapi.get("pods", name)["metadata"]["uid"]
+            body = {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": "n1"}
+            return post(r.url + "/bind", body)[1]
+
         ext.kube.patch_pod_annotations = patch  # type: ignore[method-assign,assignment]
         args = {"Pod": kubeapi.get("pods", "p"), "Nodes": None, "NodeNames": ["n1"]}
-        out = post(r.url + "/filter", args)[1]
+        assert post(r.url + "/filter", args)[1]["NodeNames"] == ["n1"]
+        assert calls == []  # filter writes nothing
+        out = bind("p")
         assert out["Error"] == "vgpu-scheduler: not the leader (lost it while writing)"
-        assert len(calls) == 2 and calls[1] == {sc.DECISION_ANNOTATION: None}  # the decision, then its withdrawal
+        withdrawn = {sc.DECISION_ANNOTATION: None, sc.BIND_PHASE_ANNOTATION: None, sc.BIND_TIME_ANNOTATION: None}
+        assert len(calls) == 2 and calls[1] == withdrawn  # the decision, then its withdrawal
         assert decision_of(kubeapi, "p") is None  # nothing left that could be bound
+        assert not kubeapi.get("pods", "p")["spec"].get("nodeName")
         wait_for(lambda: state_usage(r.service) == {} == api_usage(kubeapi), what="nothing held")
         # lost after the request's first check, before the write: nothing is written at all
+        serving[0] = True
+        assert post(r.url + "/filter", {"Pod": kubeapi.get("pods", "q"), "Nodes": None, "NodeNames": ["n1"]})[1][
+            "NodeNames"
+        ] == ["n1"]
         n = len(calls)
         asked: list[int] = []
 
@@ -404,8 +419,9 @@ def test_lead_lost_while_the_decision_is_written_is_withdrawn(kubeapi: KubeAPI) 
             return len(asked) == 1
 
         ext.is_leader = first_only
-        out = post(r.url + "/filter", {"Pod": kubeapi.get("pods", "q"), "Nodes": None, "NodeNames": ["n1"]})[1]
+        out = bind("q")
         assert out["Error"] == "vgpu-scheduler: not the leader" and len(calls) == n and len(asked) == 2
-        assert decision_of(kubeapi, "q") is None and state_usage(r.service) == {}
+        assert decision_of(kubeapi, "q") is None and api_usage(kubeapi) == {}
+        assert not kubeapi.get("pods", "q")["spec"].get("nodeName")
     finally:
         r.stop()
