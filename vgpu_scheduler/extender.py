@@ -40,7 +40,32 @@ Obj = dict[str, Any]
 class ExtenderArgs(msgspec.Struct):
     Pod: Obj
     Nodes: Obj | None = None
-    NodeNames: list[str] | None = None
+    # Kept as raw JSON: decoding thousands of names and hashing them into a set costs more than
+    # the filter's whole search; NameSet answers "was this node sent?" on the bytes, and the
+    # list is decoded only when every node is needed (no node fits, prioritize).
+    NodeNames: msgspec.Raw = msgspec.Raw(b"null")
+
+    def node_names(self) -> list[str]:
+        return _names.decode(self.NodeNames) or []
+
+
+_names = msgspec.json.Decoder(list[str] | None)
+
+
+class NameSet:
+    """Membership in a JSON array of node names without decoding it. Node names are DNS
+    subdomains ([a-z0-9.-]), written by JSON encoders without escapes, so `"name"` (quotes
+    included) occurs in the array's bytes iff the name is one of its strings; an array with any
+    escape is decoded instead."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.decoded: set[str] | None = set(_names.decode(raw) or []) if b"\\" in raw else None
+
+    def __contains__(self, name: object) -> bool:
+        if self.decoded is not None:
+            return name in self.decoded
+        return isinstance(name, str) and b'"' + name.encode() + b'"' in self.raw
 
 
 class ExtenderFilterResult(msgspec.Struct):
@@ -140,16 +165,17 @@ class Extender:
         pod = args.Pod
         full = args.Nodes is not None
         items: list[Obj] = list((args.Nodes or {}).get("items") or []) if full else []
-        names = [(_meta(n).get("name") or "") for n in items] if full else list(args.NodeNames or [])
+        names = [(_meta(n).get("name") or "") for n in items] if full else []
         if not requests.wants_vgpu(pod, self.cfg.resource_name):
-            return self._result(full, items, names, {}, {})
+            return self._result(full, items, names or args.node_names(), {}, {})
         try:
             reqs = requests.container_requests(pod, self.cfg.resource_name)
             opts = requests.pod_options(_meta(pod).get("annotations"), self.cfg.node_policy, self.cfg.gpu_policy)
         except requests.RequestError as e:
-            return self._result(full, items, [], {}, dict.fromkeys(names, f"invalid vGPU request: {e}"))
+            why = f"invalid vGPU request: {e}"
+            return self._result(full, items, [], {}, dict.fromkeys(names or args.node_names(), why))
         if not reqs:
-            return self._result(full, items, names, {}, {})
+            return self._result(full, items, names or args.node_names(), {}, {})
         why = self._serving()
         if why:
             return ExtenderFilterResult(Error=why)
@@ -169,7 +195,7 @@ class Extender:
                 now = st.clock()
                 best = fit.search(
                     st.ordered(opts.node_policy),
-                    set(names),
+                    NameSet(bytes(args.NodeNames)),
                     lambda n: st.view(n, now),
                     usage,
                     st.summary,
@@ -183,6 +209,7 @@ class Extender:
                 )
             if best is None:
                 # Every node fitted, for the reasons (or the nodes came in the request).
+                names = names or args.node_names()
                 choice = fit.choose(st.views(names, infos), usage, reqs, opts, self.cfg, st.memo, gens, st.epoch)
                 best = choice.best
                 if best is None:
@@ -222,7 +249,7 @@ class Extender:
         pod = args.Pod
         full = args.Nodes is not None
         items: list[Obj] = list((args.Nodes or {}).get("items") or []) if full else []
-        names = [(_meta(n).get("name") or "") for n in items] if full else list(args.NodeNames or [])
+        names = [(_meta(n).get("name") or "") for n in items] if full else args.node_names()
         try:
             reqs = requests.container_requests(pod, self.cfg.resource_name)
             opts = requests.pod_options(_meta(pod).get("annotations"), self.cfg.node_policy, self.cfg.gpu_policy)

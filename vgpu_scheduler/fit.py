@@ -12,8 +12,8 @@ compute is fully given away (HAMi's rules).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -302,7 +302,7 @@ def _quick_reject(s: Summary, reqs: list[ContainerRequest]) -> bool:
 
 def search(
     orders: Iterable[list[tuple[float, str]]],
-    allowed: set[str],
+    allowed: Container[str],
     view_of: Callable[[str], NodeView | None],
     usage: dict[str, dict[str, Use]],
     summary_of: Callable[[str], Summary],
@@ -357,7 +357,9 @@ def search(
                 best = r
     for lst in orders:
         for _k, name in lst:
-            if name not in allowed or name in skip or _quick_reject(summary_of(name), reqs):
+            # Cheapest test first: the quick rejection reads the index's own data; whether
+            # kube-scheduler sent the node may mean a search in the request's bytes.
+            if name in skip or _quick_reject(summary_of(name), reqs) or name not in allowed:
                 continue
             r = fitted(name)
             if r is not None:
@@ -377,13 +379,17 @@ class Holder:
     start: str  # status.startTime ("" while not started: kube-scheduler takes "now", the newest)
     deleting: bool
     held: dict[str, Use]  # GPU UUID -> what it holds there
+    rank: tuple[int, float] = field(default=(0, 0.0), compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rank", (self.priority, -_epoch(self.start)))
 
 
 def importance(h: Holder) -> tuple[int, float]:
     """kube-scheduler's MoreImportantPod (pkg/scheduler/util/utils.go): higher priority first, then
     the earlier start time (GetPodStartTime: a pod not started yet counts as starting now). Sorting
     by this, descending, puts the most important first."""
-    return (h.priority, -_epoch(h.start))
+    return h.rank
 
 
 def _epoch(t: str) -> float:
@@ -401,6 +407,66 @@ def _without(used: dict[str, Use], victims: Iterable[Holder]) -> dict[str, Use]:
         for uuid, u in h.held.items():
             out.setdefault(uuid, Use()).add(u, -1)
     return out
+
+
+def _cost(vs: list[Holder]) -> tuple[int, int, int]:
+    """What evicting `vs` costs, compared in this order: the highest priority evicted, how many,
+    the sum of their priorities (pods already terminating cost nothing)."""
+    live = [h for h in vs if not h.deleting]
+    return (max((h.priority for h in live), default=-(1 << 62)), len(live), sum(h.priority for h in live))
+
+
+def _room(gpu: GPU, u: Use, mem: int, cores: int) -> bool:
+    """fit_node's per-GPU rule, as arithmetic: a free slot, the memory and the compute, the whole
+    GPU for whole-GPU compute, some compute left for a 0 % ask."""
+    if u.slots >= gpu.slots or gpu.memory - u.memory < mem or gpu.cores - u.cores < cores:
+        return False
+    if cores >= gpu.cores and u.slots > 0:
+        return False
+    return not (cores == 0 and u.cores >= gpu.cores)
+
+
+def _one_gpu(
+    view: NodeView,
+    base: dict[str, Use],
+    cands: list[Holder],
+    req: ContainerRequest,
+    opts: PodOptions,
+    cfg: SchedulerConfig,
+) -> list[Holder] | None:
+    """The cheapest victims for a one-GPU request: each GPU alone, by arithmetic (fit_node's rules);
+    cands are least important first."""
+    best: list[Holder] | None = None
+    zero = Use()
+    on: dict[str, list[Holder]] = {}
+    for h in cands:  # each GPU's holders, least important first
+        for uuid in h.held:
+            on.setdefault(uuid, []).append(h)
+    for gpu in view.gpus:
+        if _allowed(gpu, opts):
+            continue
+        mem, cores = asked(req, gpu, cfg)
+        if mem > gpu.memory or cores > gpu.cores:
+            continue
+        u0 = base.get(gpu.uuid, zero)
+        u = Use(u0.memory, u0.cores, u0.slots)
+        chosen: list[Holder] = []
+        for h in on.get(gpu.uuid, ()):
+            if _room(gpu, u, mem, cores):
+                break
+            chosen.append(h)
+            u.add(h.held[gpu.uuid], -1)
+        if not _room(gpu, u, mem, cores):
+            continue
+        for h in sorted(chosen, key=importance, reverse=True):  # reprieve the most important first
+            x = h.held[gpu.uuid]
+            back = Use(u.memory + x.memory, u.cores + x.cores, u.slots + x.slots)
+            if _room(gpu, back, mem, cores):
+                chosen.remove(h)
+                u = back
+        if best is None or _cost(chosen) < _cost(best):
+            best = chosen
+    return best
 
 
 def select_victims(
@@ -421,7 +487,8 @@ def select_victims(
     then the number of pods, then the sum of their priorities (kube-scheduler's own order for
     preemption candidates, preemption.go pickOneNodeForPreemption), then reprieves any chosen pod
     the pod fits without (most important first, as SelectVictimsOnNode does). A pod that is
-    already terminating costs nothing. Pure.
+    already terminating costs nothing. A one-GPU request is worked out per GPU by arithmetic and
+    confirmed by fit_node once; others by fit_node over the node. Pure.
     """
     if view.problem:
         return None
@@ -429,37 +496,18 @@ def select_victims(
     if isinstance(fit_node(view, base, reqs, opts, cfg), Placement):
         return sorted(keep, key=importance, reverse=True) or None
     cands = sorted(holders, key=lambda h: (not h.deleting, importance(h)))  # least important first
+    if len(reqs) == 1 and reqs[0].count == 1:
+        chosen = _one_gpu(view, base, cands, reqs[0], opts, cfg)
+        if chosen is None or not isinstance(fit_node(view, _without(base, chosen), reqs, opts, cfg), Placement):
+            return None
+        return sorted(chosen + keep, key=importance, reverse=True)
     if not isinstance(fit_node(view, _without(base, cands), reqs, opts, cfg), Placement):
         return None  # even with every lower-priority pod gone it does not fit: no eviction helps
-
-    def cost(vs: list[Holder]) -> tuple[int, int, int]:
-        live = [h for h in vs if not h.deleting]
-        return (max((h.priority for h in live), default=-(1 << 62)), len(live), sum(h.priority for h in live))
-
-    def greedy(pool: list[Holder], o: PodOptions) -> list[Holder] | None:
-        chosen: list[Holder] = []
-        for h in pool:
-            chosen.append(h)
-            if isinstance(fit_node(view, _without(base, chosen), reqs, o, cfg), Placement):
-                return chosen
-        return None
-
-    options: list[list[Holder]] = []
-    if len(reqs) == 1 and reqs[0].count == 1:
-        # One GPU: the cheapest GPU to clear, each tried alone.
-        for g in view.gpus:
-            if opts.use_uuids and g.uuid not in opts.use_uuids:
-                continue
-            on_g = [h for h in cands if g.uuid in h.held]
-            found = greedy(on_g, replace(opts, use_uuids=frozenset({g.uuid})))
-            if found is not None:
-                options.append(found)
-    whole = greedy(cands, opts)
-    if whole is not None:
-        options.append(whole)
-    if not options:
-        return None
-    chosen = min(options, key=cost)
+    chosen = []
+    for h in cands:
+        chosen.append(h)
+        if isinstance(fit_node(view, _without(base, chosen), reqs, opts, cfg), Placement):
+            break
     for h in sorted(chosen, key=importance, reverse=True):  # reprieve the most important first
         rest = [x for x in chosen if x is not h]
         if isinstance(fit_node(view, _without(base, rest), reqs, opts, cfg), Placement):

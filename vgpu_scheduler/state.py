@@ -113,6 +113,7 @@ class ClusterState:
         self._index: dict[tuple[object, ...], tuple[list[tuple[float, str]], list[tuple[float, str]]]] = {}
         self._ikey: dict[str, tuple[tuple[object, ...], float]] = {}
         self._summary: dict[str, Summary] = {}
+        self._views: dict[str, tuple[NodeInfo, NodeView]] = {}
         self.ready = threading.Event()
         self.relists = 0
         self._stop = threading.Event()
@@ -156,7 +157,10 @@ class ClusterState:
                 _add(out.setdefault(node, {}), part, +1)
         return out
 
-    def _recount(self, uid: str) -> None:
+    def _recount(self, uid: str, touched: set[str] | None = None) -> None:
+        """Replace the pod's contribution by what it holds now; `touched`: collect the nodes whose
+        usage changed instead of touching them one by one."""
+        nodes: set[str] = set()
         old = self._contrib.pop(uid, None)
         if old:
             for node, per in old.items():
@@ -164,13 +168,18 @@ class ClusterState:
                 on = self._on.get(node)
                 if on is not None:
                     on.discard(uid)
-                self._touch(node)
+                nodes.add(node)
         new = self._contribution(uid)
         if new:
             self._contrib[uid] = new
             for node, per in new.items():
                 _add(self.usage.setdefault(node, {}), per, +1)
                 self._on.setdefault(node, set()).add(uid)
+                nodes.add(node)
+        if touched is not None:
+            touched |= nodes
+        else:
+            for node in nodes:
                 self._touch(node)
 
     def _set_used(self, name: str, used: sc.NodeUsage | None) -> None:
@@ -195,9 +204,14 @@ class ClusterState:
             self._tagged_on.get(uid, set()).discard(name)
         for uid in tags:
             self._tagged_on.setdefault(uid, set()).add(name)
-        for uid in old_tags.keys() | tags.keys() | set(self._on.get(name, ())):
-            self._recount(uid)
-        self._touch(name)
+        # Only a pod whose tags here changed holds something else now (a contribution depends on
+        # the pod's own tags and decision alone).
+        touched = {name}
+        for uid in old_tags.keys() | tags.keys():
+            if old_tags.get(uid) != tags.get(uid):
+                self._recount(uid, touched)
+        for node in touched:
+            self._touch(node)
 
     # ----- the filter's index -----
     def _fraction(self, name: str, info: NodeInfo) -> float:
@@ -382,16 +396,18 @@ class ClusterState:
         bind can still re-check its decision against the usage of now. Call under lock."""
         now = self.monotonic()
         ttl = self.cfg.reservation_ttl_s
-        for uid, res in list(self.reservations.items()):
+        while self.reservations:
+            uid = next(iter(self.reservations))  # the oldest: the dict is kept in expiry order
+            res = self.reservations[uid]
             if res.expires > now:
                 break
+            del self.reservations[uid]
             if res.counted:
                 res.counted = False
                 res.expires = now + ttl
+                self.reservations[uid] = res  # kept as long again, for a late bind to re-check
                 log.info("reservation of pod %s expired (no bind within %.0f s)", uid, ttl)
-                self._recount(uid)
-            else:
-                del self.reservations[uid]
+            self._recount(uid)
 
     def recount_reservation(self, uid: str) -> None:
         """Make an expired reservation count again (bind re-checked it). Call under lock."""
@@ -416,8 +432,18 @@ class ClusterState:
         return [snapshot.node_view(i, now, self.cfg.stale_after_s) for i in infos]
 
     def view(self, name: str, now: float) -> NodeView | None:
+        """The node's view now: built once per Node version, only the heartbeat's age is checked
+        on each call. Call under lock."""
         info = self.nodes.get(name)
-        return None if info is None else snapshot.node_view(info, now, self.cfg.stale_after_s)
+        if info is None:
+            return None
+        v = self._views.get(name)
+        if v is None or v[0] is not info:
+            v = self._views[name] = (info, snapshot.node_view(info, now, self.cfg.stale_after_s))
+        view = v[1]
+        if not view.problem and now - view.heartbeat > self.cfg.stale_after_s:
+            return snapshot.node_view(info, now, self.cfg.stale_after_s)
+        return view
 
     def usage_without(self, uid: str) -> Usage:
         """The usage as if this pod held nothing (a pod being re-filtered frees its old GPUs). Call under lock."""

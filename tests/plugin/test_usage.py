@@ -89,9 +89,7 @@ def test_published_on_allocate_tagged_by_decision_collected_and_rebuilt(
     inproc: Callable[..., InProc],
 ) -> None:
     def start() -> InProc:
-        p = inproc(
-            gpus=GPUS, device_split_count=4, node_name=NODE, record_gc_grace_s=0.0, record_gc_interval_s=0.2
-        )
+        p = inproc(gpus=GPUS, device_split_count=4, node_name=NODE, record_gc_grace_s=0.0, record_gc_interval_s=0.2)
         kubelet.wait_endpoint()
         return p
 
