@@ -9,12 +9,13 @@ NodeNameToMetaVictims}, ExtenderPreemptionResult{NodeNameToMetaVictims}); errors
 200 with `Error` where the type has one.
 
 No node lock and no API call in filter: filter decides under the state's short in-memory lock and
-holds its choice there (a reservation: every later filter sees those GPUs taken). Bind writes
-the decision, `bind-phase` and `bind-time` in one merge patch conditioned on the pod's
-resourceVersion, then creates the Binding: one write of ours per pod besides the Binding. When
-the Binding fails the decision is removed so its GPUs are free again. A reservation whose bind
-never comes stops counting after `reservation_ttl_s`; a bind after that re-checks it. Nothing
-waits for the kubelet's Allocate (docs/scheduler.md, "Concurrency without a node lock").
+holds its choice there (a reservation: every later filter sees those GPUs taken). Bind re-checks
+that it still fits and creates the Binding with the decision, `bind-phase` and `bind-time` as its
+annotations: kube-apiserver merges them into the pod in the same update that sets nodeName,
+conditioned on the pod's UID and the resourceVersion the filter decided on. One write per pod,
+and a pod is never bound without its decision nor decided without being bound. A reservation
+whose bind never comes stops counting after `reservation_ttl_s`. Nothing waits for the kubelet's
+Allocate (docs/scheduler.md, "Concurrency without a node lock").
 """
 
 from __future__ import annotations
@@ -283,7 +284,6 @@ class Extender:
         decision, rv, err = self._decision_for(uid, node)
         if err:
             return ExtenderBindingResult(Error=err)
-        pod: Obj | None = None
         if decision is None:
             # Not from this replica's filter: the pod's own annotation (a decision written earlier).
             try:
@@ -295,7 +295,7 @@ class Extender:
                 return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} has another UID now")
             uid = meta.get("uid") or ""
             if not requests.wants_vgpu(pod, self.cfg.resource_name):
-                return self._binding(ns, name, uid, node, vgpu=False)
+                return self._bind(ns, name, uid, node, None, "")
             text = (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION)
             try:
                 d = sc.decode_decision(text) if text else None
@@ -307,10 +307,7 @@ class Extender:
                     Error=f"vgpu-scheduler: pod {ns}/{name} has a vGPU decision for {where}, not {node}; filter again"
                 )
             decision, rv = d, meta.get("resourceVersion") or ""
-        err = self._write(ns, name, uid, decision, rv)
-        if err:
-            return ExtenderBindingResult(Error=err)
-        return self._binding(ns, name, uid, node, vgpu=True)
+        return self._bind(ns, name, uid, node, decision, rv)
 
     def _decision_for(self, uid: str, node: str) -> tuple[sc.Decision | None, str, str]:
         """(decision, resourceVersion to write it on, error) from this replica's reservation; no
@@ -324,15 +321,7 @@ class Extender:
             if res is None or res.decision.node != node:
                 return None, "", ""
             if not res.counted:
-                # Its bind came after the reservation expired: the GPUs may have gone to others.
-                if not self._still_fits(uid, res.decision):
-                    st.release(uid)
-                    return (
-                        None,
-                        "",
-                        f"vgpu-scheduler: the reservation on {node} expired and its GPUs were given away; filter again",
-                    )
-                st.recount_reservation(uid)
+                st.recount_reservation(uid)  # its bind came after it expired: checked below
             return res.decision, res.resource_version, ""
 
     def _still_fits(self, uid: str, d: sc.Decision) -> bool:
@@ -341,7 +330,7 @@ class Extender:
         if view is None or view.problem:
             return False
         gpus = {g.uuid: g for g in view.gpus if g.healthy}
-        used = self.state.usage_without(uid).get(d.node, {})
+        used = self.state.node_usage_without(uid, d.node)
         for uuid, u in snapshot.decision_usage(d).items():
             g = gpus.get(uuid)
             cur = used.get(uuid, snapshot.Use())
@@ -351,73 +340,85 @@ class Extender:
                 return False
         return True
 
-    def _write(self, ns: str, name: str, uid: str, decision: sc.Decision, rv: str) -> str:
-        """The decision, bind-phase and bind-time in one conditional merge patch; "" when written."""
+    def _bind(
+        self, ns: str, name: str, uid: str, node: str, decision: sc.Decision | None, rv: str
+    ) -> ExtenderBindingResult:
+        """One write: the Binding, carrying the decision, bind-phase and bind-time as annotations
+        (kube-apiserver merges them into the pod with nodeName, conditioned on UID and the
+        resourceVersion the filter decided on: Kube.bind). A pod without vGPU: a plain Binding."""
         assert self.kube is not None
-        ann: dict[str, str | None] = {
-            sc.DECISION_ANNOTATION: sc.encode(decision),
-            sc.BIND_PHASE_ANNOTATION: sc.PHASE_ALLOCATING,
-            sc.BIND_TIME_ANNOTATION: str(int(time.time())),
-            sc.ALLOCATED_ANNOTATION: None,
-        }
+        ann: dict[str, str] | None = None
+        if decision is not None:
+            ann = {
+                sc.DECISION_ANNOTATION: sc.encode(decision),
+                sc.BIND_PHASE_ANNOTATION: sc.PHASE_ALLOCATING,
+                sc.BIND_TIME_ANNOTATION: str(int(time.time())),
+            }
         for attempt in range(self.cfg.conflict_retries + 1):
             if not self.is_leader():
                 # Checked again just before the write: serving may have ended meanwhile, and a
                 # decision written now could race the next serving replica's (docs/scheduler.md,
                 # "Failover"). Nothing is written; kube-scheduler retries the pod.
-                return "vgpu-scheduler: not the leader"
+                return ExtenderBindingResult(Error="vgpu-scheduler: not the leader")
+            if decision is not None:
+                with self.state.lock:
+                    # Anything counted since the filter (a slice the node published, a late write
+                    # of another replica) may have taken its GPUs: written only if it still fits.
+                    if not self._still_fits(uid, decision):
+                        self.state.release(uid)
+                        return ExtenderBindingResult(
+                            Error=f"vgpu-scheduler: the GPUs decided for {ns}/{name} on {node} are taken "
+                            "now; filter again"
+                        )
             try:
-                answer = self.kube.patch_pod_annotations(ns, name, ann, rv or None)
+                self.kube.bind(ns, name, uid, node, ann, rv)
             except Conflict:
                 # The pod changed since the filter saw it (labels, status, another writer): the
                 # choice is still ours to write if the pod is the same one and still unbound.
-                log.info("bind %s/%s: conflict on write (attempt %d): re-reading", ns, name, attempt + 1)
+                log.info("bind %s/%s: conflict (attempt %d): re-reading", ns, name, attempt + 1)
                 try:
                     cur = self.kube.get_pod(ns, name)
                 except APIFailure as e:
-                    return f"vgpu-scheduler: re-reading pod {ns}/{name}: {e}"
-                if uid and _meta(cur).get("uid") != uid:
+                    return ExtenderBindingResult(Error=f"vgpu-scheduler: re-reading pod {ns}/{name}: {e}")
+                meta = _meta(cur)
+                if uid and meta.get("uid") != uid:
                     self._forget(uid)
-                    return f"vgpu-scheduler: pod {ns}/{name} has another UID now"
-                if (cur.get("spec") or {}).get("nodeName"):
+                    return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} has another UID now")
+                bound = (cur.get("spec") or {}).get("nodeName")
+                if bound:
+                    mine = (
+                        ann is None
+                        or (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION) == ann[sc.DECISION_ANNOTATION]
+                    )
+                    if bound == node and mine:
+                        return ExtenderBindingResult()  # a retried bind whose first try went through
                     self._forget(uid)
-                    return f"vgpu-scheduler: pod {ns}/{name} is already bound"
-                rv = _meta(cur).get("resourceVersion") or ""
+                    return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} is bound to {bound} already")
+                if meta.get("deletionTimestamp"):
+                    self._forget(uid)
+                    return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} is being deleted")
+                rv = meta.get("resourceVersion") or ""
                 continue
             except NotFound:
                 self._forget(uid)
-                return f"vgpu-scheduler: pod {ns}/{name} not found"
+                return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} not found")
             except APIFailure as e:
-                return f"vgpu-scheduler: writing the decision of {ns}/{name}: {e}"
-            self.state.apply_pod(answer)
-            if not self.is_leader():
-                # Serving ended while the write was in flight: it may have landed after the next
-                # serving replica relisted, so it must not be bound. Withdraw it (conditional on
-                # the version just written: nothing newer is undone) and let kube-scheduler retry
-                # there. Had it landed while we still served, the next one's relist has it.
-                self._withdraw(ns, name, answer)
-                return "vgpu-scheduler: not the leader (lost it while writing)"
-            return ""
-        return f"vgpu-scheduler: pod {ns}/{name} kept changing ({self.cfg.conflict_retries} conflicts)"
+                bound = self._bound_to(ns, name)
+                if bound == node:
+                    return ExtenderBindingResult()  # the write landed, its answer did not
+                if not bound:
+                    self._forget(uid)  # nothing was written: its GPUs are free for the next filter
+                return ExtenderBindingResult(Error=f"vgpu-scheduler: binding {ns}/{name} to {node}: {e}")
+            log.info("bind %s/%s: node %s", ns, name, node)
+            return ExtenderBindingResult()
+        return ExtenderBindingResult(
+            Error=f"vgpu-scheduler: pod {ns}/{name} kept changing ({self.cfg.conflict_retries} conflicts)"
+        )
 
     def _forget(self, uid: str) -> None:
         if uid:
             with self.state.lock:
                 self.state.release(uid)
-
-    def _binding(self, ns: str, name: str, uid: str, node: str, vgpu: bool) -> ExtenderBindingResult:
-        assert self.kube is not None
-        try:
-            self.kube.bind(ns, name, uid, node)
-        except APIFailure as e:
-            bound = self._bound_to(ns, name)
-            if bound == node:
-                return ExtenderBindingResult()  # a retried bind whose first try went through
-            if vgpu and not bound:
-                self._release(ns, name)
-            return ExtenderBindingResult(Error=f"vgpu-scheduler: binding {ns}/{name} to {node}: {e}")
-        log.info("bind %s/%s: node %s", ns, name, node)
-        return ExtenderBindingResult()
 
     def _bound_to(self, ns: str, name: str) -> str:
         assert self.kube is not None
@@ -425,36 +426,6 @@ class Extender:
             return str((self.kube.get_pod(ns, name).get("spec") or {}).get("nodeName") or "")
         except APIFailure:
             return "?"
-
-    def _withdraw(self, ns: str, name: str, written: Obj) -> None:
-        """Remove a decision this replica wrote, iff the pod is still at the version written."""
-        assert self.kube is not None
-        try:
-            answer = self.kube.patch_pod_annotations(
-                ns,
-                name,
-                {sc.DECISION_ANNOTATION: None, sc.BIND_PHASE_ANNOTATION: None, sc.BIND_TIME_ANNOTATION: None},
-                _meta(written).get("resourceVersion"),
-            )
-            self.state.apply_pod(answer)
-        except APIFailure as e:
-            # Changed since (another replica decided again) or unreachable: a pod left Pending
-            # with this decision only holds its GPUs (never more) until it is filtered again.
-            log.info("withdrawing the decision of %s/%s: %s", ns, name, e)
-
-    def _release(self, ns: str, name: str) -> None:
-        """Remove the decision of a pod whose Binding failed: its GPUs are free for the next filter."""
-        assert self.kube is not None
-        try:
-            answer = self.kube.patch_pod_annotations(
-                ns,
-                name,
-                {sc.DECISION_ANNOTATION: None, sc.BIND_PHASE_ANNOTATION: None, sc.BIND_TIME_ANNOTATION: None},
-                None,
-            )
-            self.state.apply_pod(answer)
-        except APIFailure as e:
-            log.warning("releasing the decision of %s/%s: %s", ns, name, e)
 
     # ----- preempt -----
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:

@@ -359,6 +359,8 @@ class ClusterState:
                 info = snapshot.node_info(obj, self.cfg.resource_name)
                 self.nodes[info.name] = info
             self._rebuild()
+        gc.collect()  # as in replace_pods: thousands of long-lived node records out of the GC's walks
+        gc.freeze()
 
     def _rebuild(self) -> None:
         """All sums from scratch (after a list). Call under lock."""
@@ -455,6 +457,16 @@ class ClusterState:
             cur = {k: Use(v.memory, v.cores, v.slots) for k, v in self.usage.get(node, {}).items()}
             _add(cur, per, -1)
             out[node] = cur
+        return out
+
+    def node_usage_without(self, uid: str, node: str) -> dict[str, Use]:
+        """One node's usage as if this pod held nothing there. Call under lock."""
+        mine = self._contrib.get(uid, {}).get(node)
+        cur = self.usage.get(node, {})
+        if not mine:
+            return cur
+        out = {k: Use(v.memory, v.cores, v.slots) for k, v in cur.items()}
+        _add(out, mine, -1)
         return out
 
     def gens_without(self, uid: str) -> dict[str, int]:

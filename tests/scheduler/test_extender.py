@@ -49,11 +49,12 @@ def test_filter_wire_format_node_names(kubeapi: KubeAPI) -> None:
         assert [(c.name, c.init, [(g.memory, g.cores) for g in c.gpus]) for c in d.containers] == [
             ("main", False, [(30000 * MiB, 30)])
         ]
-        # bind: one merge patch (decision, bind-phase, bind-time, conditional on the filter's
-        # resourceVersion), then the Binding: two writes per pod.
+        # bind: one write, the Binding, which carries the decision, bind-phase and bind-time as
+        # annotations (kube-apiserver merges them into the pod with nodeName, conditioned on the
+        # filter's resourceVersion)
         writes = [r for r in kubeapi.requests[before:] if r[0] != "GET"]  # the watches' are GETs
-        assert [(m, path.rsplit("/", 1)[-1]) for m, path, _ in writes] == [("PATCH", "p"), ("POST", "binding")]
-        assert "merge-patch+json" in writes[0][2]
+        assert [(m, path.rsplit("/", 1)[-1]) for m, path, _ in writes] == [("POST", "binding")]
+        assert kubeapi.get("pods", "p")["spec"]["nodeName"] == "big"
         ann = kubeapi.get("pods", "p")["metadata"]["annotations"]
         assert ann[sc.BIND_PHASE_ANNOTATION] == sc.PHASE_ALLOCATING and int(ann[sc.BIND_TIME_ANNOTATION]) > 0
         # reasons when no node fits: per node, unknown nodes unresolvable
@@ -214,8 +215,8 @@ def test_conflicting_write_is_retried_on_a_fresh_pod(kubeapi: KubeAPI) -> None:
     assert decision_of(kubeapi, "p") is not None
     assert kubeapi.get("pods", "p")["metadata"]["labels"] == {"changed": "yes"}
     assert kubeapi.get("pods", "p")["spec"]["nodeName"] == "n1"
-    statuses = [r for r in kubeapi.requests[before:] if r[0] == "PATCH"]
-    assert len(statuses) == 2  # one 409, one success after a re-read
+    binds = [r for r in kubeapi.requests[before:] if r[0] == "POST" and r[1].endswith("/binding")]
+    assert len(binds) == 2  # one 409 (the filter's resourceVersion), one success after a re-read
 
 
 def test_ignorable_extender_down_and_timeouts(kubeapi: KubeAPI) -> None:

@@ -15,7 +15,17 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tests.scheduler.helpers import GiB, MiB, decision_of, gpu_node, running_scheduler, uuid, vgpu_pod
+from tests.scheduler.helpers import (
+    GiB,
+    MiB,
+    Running,
+    decision_of,
+    gpu_node,
+    running_scheduler,
+    uuid,
+    vgpu_pod,
+    wait_for,
+)
 from tests.support.kubeapi import KubeAPI
 from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
 from vgpu import scheduling as sc
@@ -55,10 +65,15 @@ def names(api: KubeAPI) -> list[str]:
     return sorted(p["metadata"]["name"] for p in api.objects("pods"))
 
 
-def fragmented(api: KubeAPI, ks: KubeScheduler) -> None:
+def add_node(api: KubeAPI, s: Running, obj: dict[str, Any]) -> None:
+    api.create("nodes", obj)
+    wait_for(lambda: obj["metadata"]["name"] in s.service.state.nodes, what="the scheduler sees the node")
+
+
+def fragmented(api: KubeAPI, ks: KubeScheduler, s: Running) -> None:
     """n1: GPU 0 holds a (8192, started 2nd) and b (8192, started last); GPU 1 holds c (12288,
     started first). 4096 MiB free on the node in all, 12288 MiB free on no GPU."""
-    api.create("nodes", node("n1", n=2, mem_gib=16, split=4))
+    add_node(api, s, node("n1", n=2, mem_gib=16, split=4))
     place_low(api, ks, "c", 12288, uuid("n1", 1), "2026-12-02T07:00:00Z")
     place_low(api, ks, "a", 8192, uuid("n1", 0), "2026-12-02T07:01:00Z")
     place_low(api, ks, "b", 8192, uuid("n1", 0), "2026-12-02T07:02:00Z")
@@ -70,7 +85,7 @@ def test_a_pod_blocked_by_gpu_memory_evicts_exactly_the_victims_that_help(kubeap
     GPU then has 16384 MiB free. One eviction, the pod placed there, a and b untouched."""
     with running_scheduler(kubeapi) as s:
         ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
-        fragmented(kubeapi, ks)
+        fragmented(kubeapi, ks, s)
         kubeapi.create("pods", pod("high", 12288, 1000))
         first = ks.schedule_one("default", "high")
         assert first.calls == ["preempt"]  # in-tree NodeResourcesFit failed first: no filter call
@@ -88,7 +103,7 @@ def test_without_the_preempt_verb_kube_scheduler_evicts_a_pod_that_does_not_help
     15): kube-scheduler evicts b on its own, and the pod still does not fit."""
     with running_scheduler(kubeapi) as s:
         ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url, preempt_verb="")])
-        fragmented(kubeapi, ks)
+        fragmented(kubeapi, ks, s)
         kubeapi.create("pods", pod("high", 12288, 1000))
         assert ks.schedule_one("default", "high").victims == ["b"]
         r = ks.schedule_one("default", "high")
@@ -101,7 +116,7 @@ def test_a_pod_no_gpu_could_hold_evicts_nobody(kubeapi: KubeAPI) -> None:
     the node: no candidate, nobody evicted, every time."""
     with running_scheduler(kubeapi) as s:
         ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
-        kubeapi.create("nodes", node("n1", n=2, mem_gib=16, split=2))
+        add_node(kubeapi, s, node("n1", n=2, mem_gib=16, split=2))
         for i, g in enumerate((0, 0, 1, 1)):
             place_low(kubeapi, ks, f"low-{i}", 8192, uuid("n1", g), f"2026-12-02T07:0{i}:00Z")
         kubeapi.create("pods", pod("huge", 20000, 1000))
@@ -118,7 +133,7 @@ def test_rejected_by_the_extender_alone_no_eviction(kubeapi: KubeAPI) -> None:
     victim it needs ("expected at least one victim pod on node"), nobody is evicted."""
     with running_scheduler(kubeapi) as s:
         ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
-        fragmented(kubeapi, ks)
+        fragmented(kubeapi, ks, s)
         kubeapi.create("pods", pod("high", 12288, 1000, totals=False))
         r = ks.schedule_one("default", "high")
         assert r.calls == ["filter"] and r.victims == []
@@ -141,8 +156,8 @@ def test_preempt_wire_format_both_node_cache_modes(kubeapi: KubeAPI) -> None:
     that no eviction helps is left out (an empty list would fail kube-scheduler's preemption)."""
     with running_scheduler(kubeapi) as s:
         ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
-        fragmented(kubeapi, ks)
-        kubeapi.create("nodes", node("n2", n=1, mem_gib=8, split=4))
+        fragmented(kubeapi, ks, s)
+        add_node(kubeapi, s, node("n2", n=1, mem_gib=8, split=4))
         high = kubeapi.create("pods", pod("high", 12288, 1000))
         uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubeapi.objects("pods")}
         meta = {
