@@ -155,21 +155,6 @@ class Kube:
     def get_pod(self, namespace: str, name: str) -> Obj:
         return self._raw(self.core.read_namespaced_pod, name, namespace)
 
-    def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: dict[str, str | None], resource_version: str | None
-    ) -> Obj:
-        """JSON merge patch of annotations (None removes); a resource_version makes it conditional (409)."""
-        meta: Obj = {"annotations": annotations}
-        if resource_version:
-            meta["resourceVersion"] = resource_version
-        return self._raw(
-            self.core.patch_namespaced_pod,
-            name,
-            namespace,
-            {"metadata": meta},
-            _content_type="application/merge-patch+json",
-        )
-
     def bind(
         self,
         namespace: str,
