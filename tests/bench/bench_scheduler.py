@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """make bench-scheduler: vgpu-scheduler on simulated clusters, through the API stand-in.
 
-Three processes, as in a cluster: the API stand-in (tests/support/kubeapi.py, with the latency of a
+Four processes, as in a cluster: the API stand-in (tests/support/kubeapi.py, with the latency of a
 real API server's writes, below), the scheduler (vgpu_scheduler's Service and HTTP server; a
-bench-only port reports its accounting for the drift check), and this driver, which plays
-kube-scheduler: one scheduling cycle after the other POSTs /filter with every feasible node's name
-(nodeCacheCapable; percentageOfNodesToScore 100, the chart's value), and the binding cycles run
-concurrently (BENCH_BIND_THREADS, default 16: kube-scheduler binds in goroutines) POSTing /bind.
+bench-only port reports its accounting for the drift check), and two playing kube-scheduler: this
+driver's scheduling loop, one cycle after the other POSTing /filter with every feasible node's
+name (nodeCacheCapable; percentageOfNodesToScore 100, the chart's value), and the binding cycles
+in a process of their own (kube-scheduler binds in goroutines beside its loop), POSTing /bind on
+BENCH_BIND_THREADS threads (default 16).
 
 Write latency: every POST, PUT, PATCH and DELETE the stand-in serves waits a log-normal time with
 median BENCH_WRITE_P50_MS (10) and 99th percentile BENCH_WRITE_P99_MS (50): what a real
@@ -32,6 +33,8 @@ Cases (each prints its figures with a prefix; BENCH_CASES picks, default "100,50
                                  filter, bind, watches); 1000 / it is its pods/s on one free core
   filter_inside_p50_ms, _p99     the filter verb's own time inside the scheduler (the round trip
                                  less HTTP and waiting for the interpreter)
+  gc_pauses_over_5ms             the cyclic GC's collections during the run that took over 5 ms
+                                 (wall time: a descheduled process shows here too), [ms, generation]
   preempt_p50_ms, preempt_p99_ms /preempt round trip for 100 higher-priority pods of 24 GiB, each
                                  with 100 candidate nodes and kube-scheduler's proposed victims
   nodes_used, nodes_lower_bound  nodes holding a pod after the run; total memory, cores and slots
@@ -60,6 +63,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import multiprocessing
 import os
 import random
 import subprocess
@@ -167,6 +171,26 @@ def serve_api(flag: str, history: int) -> None:
     threading.Event().wait()
 
 
+class APIConn:
+    """Keep-alive JSON calls to the API stand-in, one connection per thread."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._local = threading.local()
+
+    def call(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
+        if not hasattr(self._local, "conn"):
+            self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        c = self._local.conn
+        data = json.dumps(body).encode() if body is not None else None
+        c.request(method, path, data, {"Content-Type": ctype} if data else {})
+        r = c.getresponse()
+        out = json.loads(r.read())
+        if r.status >= 300:
+            raise RuntimeError(f"{method} {path}: {r.status} {out.get('message')}")
+        return out
+
+
 class RemoteAPI:
     def __init__(self, history: int, workdir: Path) -> None:
         self.flag = workdir / "latency-on"
@@ -195,7 +219,7 @@ class RemoteAPI:
                 }
             )
         )
-        self._local = threading.local()
+        self.conn = APIConn(self.port)
 
     def latency(self, on: bool) -> None:
         if on:
@@ -204,16 +228,7 @@ class RemoteAPI:
             self.flag.unlink()
 
     def call(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
-        if not hasattr(self._local, "conn"):
-            self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        c = self._local.conn
-        data = json.dumps(body).encode() if body is not None else None
-        c.request(method, path, data, {"Content-Type": ctype} if data else {})
-        r = c.getresponse()
-        out = json.loads(r.read())
-        if r.status >= 300:
-            raise RuntimeError(f"{method} {path}: {r.status} {out.get('message')}")
-        return out
+        return self.conn.call(method, path, body, ctype)
 
     def create_many(self, path: str, objs: list[Obj]) -> list[Obj]:
         with ThreadPoolExecutor(8) as pool:
@@ -278,6 +293,18 @@ def serve_scheduler(kubeconfig: str) -> None:
 
         setattr(kube, name, counted)
     svc = Service(cfg, kube)
+    import gc
+
+    pauses: list[tuple[int, float]] = []  # (generation, ms) of the cyclic GC's collections
+    started: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], (time.perf_counter() - started[0]) * 1000))
+
+    gc.callbacks.append(on_gc)
     inside: list[float] = []  # the filter verb's own wall time, from handler to answer
     real_filter = svc.extender.filter
 
@@ -309,7 +336,11 @@ def serve_scheduler(kubeconfig: str) -> None:
                 "cpu_s": time.process_time(),
                 "filter_inside_p50_ms": pct(inside, 0.5),
                 "filter_inside_p99_ms": pct(inside, 0.99),
+                "gc_ms_over_5": sorted((round(ms, 1), g) for g, ms in pauses if ms > 5)[-10:],
             }
+            if "reset" in self.path:  # the run starts: only its own filters and collections count
+                inside.clear()
+                pauses.clear()
             data = json.dumps(out).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -334,9 +365,9 @@ class Scheduler:
         parts = line.split()
         self.port, self.bench_port = int(parts[3]), int(parts[5])
 
-    def stats(self) -> Obj:
+    def stats(self, reset: bool = False) -> Obj:
         c = http.client.HTTPConnection("127.0.0.1", self.bench_port, timeout=120)
-        c.request("GET", "/usage")
+        c.request("GET", "/usage?reset" if reset else "/usage")
         out: Obj = json.loads(c.getresponse().read())
         c.close()
         return out
@@ -366,7 +397,7 @@ class Client:
 class Publisher:
     """As device_plugin/usage.py after Allocate: the node's slices, tagged, at most 1/s per node."""
 
-    def __init__(self, api: RemoteAPI, base: dict[str, list[sc.UsedSlice]]) -> None:
+    def __init__(self, api: APIConn, base: dict[str, list[sc.UsedSlice]]) -> None:
         self.api, self.base = api, base
         self.slices: dict[str, list[sc.UsedSlice]] = {}
         self.dirty: set[str] = set()
@@ -449,6 +480,39 @@ def lower_bound_nodes(pods: list[Obj]) -> int:
     return max(-(-mem // (MEM_GIB * GiB * per)), -(-cores // (100 * per)), -(-slots // (SPLIT * per)))
 
 
+def bind_loop(api_port: int, sched_port: int, base: dict[str, list[sc.UsedSlice]], todo: Any, done: Any) -> None:
+    """The binding cycles (a process of their own): POST /bind on BIND_THREADS threads, and the
+    device-plugin stand-in publishing each bound pod's slice; answers (latencies, errors, end)."""
+    api = APIConn(api_port)
+    cl = Client(sched_port)
+    pub = Publisher(api, base)
+    binds: list[float] = []
+    errors: list[str] = []
+
+    def bind(name: str, uid: str, target: str) -> None:
+        body = {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": target}
+        t = time.perf_counter()
+        out = cl.post("/bind", json.dumps(body).encode())
+        binds.append((time.perf_counter() - t) * 1000)
+        if out.get("Error"):
+            errors.append(out["Error"])
+            return
+        got = api.call("GET", f"/api/v1/namespaces/default/pods/{name}")
+        text = got["metadata"]["annotations"].get(sc.DECISION_ANNOTATION)
+        pub.bound(target, uid, sc.decode_decision(text) if text else sc.Decision(node=target, time=0, containers=[]))
+
+    with ThreadPoolExecutor(BIND_THREADS) as pool:
+        futs = []
+        while (item := todo.get()) is not None:
+            futs.append(pool.submit(bind, *item))
+        for f in futs:
+            f.result()
+    end = time.perf_counter()
+    pub.stop.set()
+    pub.flush()
+    done.put((binds, errors, end))
+
+
 def run_case(total: int, count: int, workdir: Path) -> dict[str, Any]:
     rng = random.Random(SEED)
     pods = pod_mix(count, rng)
@@ -466,49 +530,37 @@ def run_case(total: int, count: int, workdir: Path) -> dict[str, Any]:
         sched = Scheduler(api.kubeconfig)
         names = json.dumps([n["metadata"]["name"] for n in nodes]).encode()
         cl = Client(sched.port)
-        pub = Publisher(api, base)
-        cpu0 = sched.stats()["cpu_s"]
+        cpu0 = sched.stats(reset=True)["cpu_s"]
         api.latency(True)
+        # The binding cycles run in their own process, as kube-scheduler's binding goroutines run
+        # beside its scheduling loop: their work does not delay the next filter here.
+        ctx = multiprocessing.get_context("fork")
+        todo: Any = ctx.Queue()
+        done: Any = ctx.Queue()
+        binder = ctx.Process(target=bind_loop, args=(api.port, sched.port, base, todo, done), daemon=True)
+        binder.start()
         flat: list[float] = []
-        binds: list[float] = []
         errors: list[str] = []
         unplaced = 0
-
-        def bind(pod: Obj, target: str) -> None:
-            m = pod["metadata"]
-            body = {"PodName": m["name"], "PodNamespace": "default", "PodUID": m["uid"], "Node": target}
+        t0 = time.perf_counter()
+        for pod in created:
+            data = b'{"Pod":' + json.dumps(pod).encode() + b',"Nodes":null,"NodeNames":' + names + b"}"
             t = time.perf_counter()
-            out = cl.post("/bind", json.dumps(body).encode())
-            binds.append((time.perf_counter() - t) * 1000)
+            out = cl.post("/filter", data)
+            flat.append((time.perf_counter() - t) * 1000)
             if out.get("Error"):
                 errors.append(out["Error"])
-                return
-            d = sc.Decision(node=target, time=0, containers=[])
-            got = api.call("GET", f"/api/v1/namespaces/default/pods/{m['name']}")
-            text = got["metadata"]["annotations"].get(sc.DECISION_ANNOTATION)
-            if text:
-                d = sc.decode_decision(text)
-            pub.bound(target, m["uid"], d)
-
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(BIND_THREADS) as pool:
-            futs = []
-            for pod in created:
-                data = b'{"Pod":' + json.dumps(pod).encode() + b',"Nodes":null,"NodeNames":' + names + b"}"
-                t = time.perf_counter()
-                out = cl.post("/filter", data)
-                flat.append((time.perf_counter() - t) * 1000)
-                if out.get("Error"):
-                    errors.append(out["Error"])
-                    continue
-                if not out.get("NodeNames"):
-                    unplaced += 1
-                    continue
-                futs.append(pool.submit(bind, pod, out["NodeNames"][0]))
-            for f in futs:
-                f.result()
-        wall = time.perf_counter() - t0
-        pub.flush()
+                continue
+            if not out.get("NodeNames"):
+                unplaced += 1
+                continue
+            m = pod["metadata"]
+            todo.put((m["name"], m["uid"], out["NodeNames"][0]))
+        todo.put(None)
+        binds, bind_errors, t_end = done.get()
+        binder.join(30)
+        errors += bind_errors
+        wall = t_end - t0
         placed = count - unplaced - len(errors)
         stats = sched.stats()
         writes = stats["writes"]
@@ -556,7 +608,6 @@ def run_case(total: int, count: int, workdir: Path) -> dict[str, Any]:
             if drift == 0:
                 break
             time.sleep(0.5)
-        pub.stop.set()
         return {
             "nodes": total,
             "pods": count,
@@ -569,6 +620,7 @@ def run_case(total: int, count: int, workdir: Path) -> dict[str, Any]:
             "sched_cpu_ms_per_pod": cpu_ms,
             "filter_inside_p50_ms": stats["filter_inside_p50_ms"],
             "filter_inside_p99_ms": stats["filter_inside_p99_ms"],
+            "gc_pauses_over_5ms": str(stats["gc_ms_over_5"]).replace(" ", ""),
             "preempt_p50_ms": pct(pre, 0.5),
             "preempt_p99_ms": pct(pre, 0.99),
             "preempt_nodes_helped": helped / 100,
