@@ -21,6 +21,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from vgpu import scheduling as sc
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,10 @@ class NodeView:
     totals: tuple[int, int, int] = (0, 0, 0)  # schedulable memory, cores, slots of all its GPUs
 
 
-@dataclass(slots=True)
-class Use:
+class Use(msgspec.Struct, gc=False):
+    """Memory bytes, compute percent and vGPU slots held of one GPU. Scalars only: kept out of the
+    cyclic GC (there are tens of thousands of these; its full collections walk every tracked one)."""
+
     memory: int = 0
     cores: int = 0
     slots: int = 0
@@ -126,8 +130,7 @@ def node_view(info: NodeInfo, now: float, stale_after_s: float) -> NodeView:
     return NodeView(info.name, gpus, heartbeat=inv.heartbeat, totals=info.totals)
 
 
-@dataclass(frozen=True, slots=True)
-class PodRec:
+class PodRec(msgspec.Struct, frozen=True, gc=False):
     """What the scheduler keeps of a Pod: identity, phase, its decision, and what preemption ranks
     victims by (spec.priority, status.startTime)."""
 

@@ -30,8 +30,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from vgpu import scheduling as sc
 from vgpu_scheduler import snapshot
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 MAX_TOMBSTONES = 20_000
+GC_FREEZE_S = 10.0
 PerGPU = dict[str, Use]
 
 
@@ -53,8 +55,7 @@ def _rv_key(rv: str) -> int:
         return -1  # not numeric: always replaced
 
 
-@dataclass(slots=True)
-class Reservation:
+class Reservation(msgspec.Struct, gc=False):
     """A filter's choice for a pod, held until bind writes it (or it expires)."""
 
     decision: sc.Decision
@@ -63,8 +64,7 @@ class Reservation:
     counted: bool = True  # False once expired: kept a while so a late bind can re-check it
 
 
-@dataclass(slots=True)
-class Summary:
+class Summary(msgspec.Struct, gc=False):
     """Quick rejection data of one node at one generation (the filter's walk)."""
 
     gen: int
@@ -540,6 +540,8 @@ class ClusterState:
                         self.apply_pod(obj, deleted=etype == "DELETED")
                     else:
                         self.apply_node(obj, deleted=etype == "DELETED")
+                    if kind == "pods":
+                        self._settle_gc()
                 backoff = 0.2
             except Expired:
                 log.info("%s watch expired: relisting", kind)
@@ -551,6 +553,19 @@ class ClusterState:
                 rv = ""
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    _gc_at = 0.0
+
+    def _settle_gc(self) -> None:
+        """What the state keeps is long-lived and acyclic: every GC_FREEZE_S it leaves the cyclic
+        GC's walks (young garbage collected first). Without it a full collection walks every pod
+        and node record kept since the last relist: pauses of 100+ ms measured at 5,000 nodes,
+        in the middle of filters. Frozen objects are still freed by reference counting."""
+        now = self.monotonic()
+        if now - self._gc_at >= GC_FREEZE_S:
+            self._gc_at = now
+            gc.collect(1)
+            gc.freeze()
 
     _synced_kinds: set[str]
     _wanted: set[str]
