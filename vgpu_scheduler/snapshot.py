@@ -197,16 +197,6 @@ def counts(p: PodRec) -> str:
 Usage = dict[str, dict[str, Use]]  # node -> GPU UUID -> used
 
 
-def add_pod(usage: Usage, p: PodRec, sign: int = 1) -> None:
-    node = counts(p)
-    if not node:
-        return
-    assert p.decision is not None
-    per = usage.setdefault(node, {})
-    for uuid, u in decision_usage(p.decision).items():
-        per.setdefault(uuid, Use()).add(u, sign)
-
-
 def usage_of(
     pods: list[PodRec], nodes: list[NodeInfo] | None = None, reserved: dict[str, sc.Decision] | None = None
 ) -> Usage:
