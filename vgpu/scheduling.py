@@ -376,18 +376,12 @@ def node_level_requests(count: int, mem_mib: int | None, cores: int | None) -> d
 
 
 def canonical_quantity(n: int) -> str:
-    """A whole number as the API server stores it (resource.Quantity's canonical DecimalSI form:
-    the largest power of 1000 that leaves an integer, 3000 -> "3k", 4096 -> "4096"), so a value the
-    webhook wrote reads back unchanged (traces: quantities/quantities.json)."""
+    """A whole number as the API server stores it (3000 -> "3k", 4096 -> "4096"; vgpu.quantity's
+    port of resource.Quantity's canonical form), so a value the webhook wrote reads back unchanged
+    (traces: quantities/quantities.json)."""
     if n < 0:
         raise ValueError("negative quantity")
-    suffix = ""
-    for s in ("k", "M", "G", "T", "P", "E"):
-        if n == 0 or n % 1000:
-            break
-        n //= 1000
-        suffix = s
-    return f"{n}{suffix}"
+    return quantity.canonical(quantity.parse(str(n)))
 
 
 def _esc(key: str) -> str:
