@@ -25,6 +25,8 @@ LIMITS_FILE = "limits"
 REGION_FILE = "region"
 PRELOAD_FILE = "ld.so.preload"
 METADATA_FILE = "metadata.json"
+# The host-only metadata of a prepared DRA claim, in its directory under claims_dir.
+CLAIM_METADATA_FILE = "claim.json"
 
 # Plain character sets, not `re` (nor `dataclasses` below): the OCI hook
 # imports this module on every vGPU container start, and those two imports
@@ -33,6 +35,10 @@ _TOKEN_CHARS = frozenset("0123456789abcdef")
 # Container ids: containerd/CRI use 64 hex chars; runc accepts [\w+-.]; we
 # accept that set, bounded, and never a path separator or a dot-only name.
 _CONTAINER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+.-")
+
+
+_HEX_LOWER = frozenset("0123456789abcdef")
+_UID_DASHES = (8, 13, 18, 23)
 
 
 class InvalidName(ValueError):
@@ -44,6 +50,14 @@ def valid_token(token: str) -> bool:
     if not isinstance(token, str):
         raise TypeError(f"expected str, got {type(token).__name__}")
     return len(token) == 32 and _TOKEN_CHARS.issuperset(token)
+
+
+def valid_claim_uid(uid: str) -> bool:
+    """A ResourceClaim UID as the API server makes them (lowercase RFC 4122: validation.go
+    validateUID, 8-4-4-4-12 hex digits): a path component and a CDI device name here."""
+    if not isinstance(uid, str) or len(uid) != 36:
+        return False
+    return all(uid[i] == "-" for i in _UID_DASHES) and _HEX_LOWER.issuperset(uid.replace("-", ""))
 
 
 def valid_container_id(cid: str) -> bool:
@@ -107,6 +121,25 @@ class Paths:
     @property
     def status_path(self) -> str:
         return os.path.join(self.monitor_dir, "status.json")
+
+    @property
+    def claims_dir(self) -> str:
+        """Per-claim state of the DRA front end (docs/dra.md): `<uid>/` and the shared ld.so.preload."""
+        return os.path.join(self.state_dir, "claims")
+
+    @property
+    def dra_dir(self) -> str:
+        """The DRA plugin's own files (its checkpoint)."""
+        return os.path.join(self.state_dir, "dra")
+
+    @property
+    def dra_checkpoint(self) -> str:
+        return os.path.join(self.dra_dir, "checkpoint.json")
+
+    def claim_dir(self, uid: str) -> str:
+        if not valid_claim_uid(uid):
+            raise InvalidName(f"invalid claim uid {str(uid)[:40]!r}")
+        return os.path.join(self.claims_dir, uid)
 
     def allocation_record(self, token: str) -> str:
         if not valid_token(token):

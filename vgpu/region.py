@@ -123,8 +123,14 @@ class RegionSnapshot:
     slots: list[SlotInfo]
 
 
-def initialise(path: str, limits: Iterable[DeviceLimit], mode: int = 0o666) -> None:
-    """Create a fresh region file for `limits` (atomic: temp file + rename)."""
+def initialise(path: str, limits: Iterable[DeviceLimit], mode: int = 0o666, *, durable: bool = True) -> None:
+    """Create a fresh region file for `limits` (atomic: temp file + rename).
+
+    `durable` (the hook): the whole file is written and fsynced. Without (the DRA plugin, whose
+    checkpoint rebuilds a missing region at start-up): the header and devices are written, the
+    zeroed slots are allocated (posix_fallocate: they read as zeros, and the library's later
+    writes through its mapping cannot fail for want of disk space), and nothing is fsynced. Both
+    give the same bytes."""
     lim = list(limits)
     if len(lim) > MAX_DEVICES:
         raise ValueError(f"too many devices ({len(lim)} > {MAX_DEVICES})")
@@ -147,10 +153,17 @@ def initialise(path: str, limits: Iterable[DeviceLimit], mode: int = 0o666) -> N
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)
-        os.write(fd, bytes(r))
-        os.fsync(fd)
-    finally:
+        if durable:
+            os.write(fd, bytes(r))
+            os.fsync(fd)
+        else:
+            os.write(fd, ctypes.string_at(ctypes.addressof(r), SLOT_OFFSET))
+            os.posix_fallocate(fd, 0, REGION_SIZE)
+    except BaseException:
         os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
     os.rename(tmp, path)
 
 

@@ -1,8 +1,9 @@
-"""msgspec schemas for the records exchanged between the daemons (contracts 1 and 2).
+"""msgspec schemas for the records exchanged between the daemons (contracts 1, 2 and 6).
 
-Allocation records are written by the device plugin and read by the hook;
-container metadata is written by the hook and read by the monitor and vgpuctl.
-Both are JSON files on the host, root-only.
+Allocation records are written by either front end (the device plugin per container, the DRA
+plugin per claim) and read by the hook, the monitor and vgpuctl; container metadata is written
+by the hook, claim metadata by the DRA plugin, both read by the monitor and vgpuctl.
+All are JSON files on the host, root-only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import msgspec
 
 RECORD_VERSION = 1
 METADATA_VERSION = 1
+CLAIM_METADATA_VERSION = 1
 
 # Names carried by the device plugin's Allocate response (contract 1).
 TOKEN_ENV = "VGPU_ALLOCATION_TOKEN"
@@ -62,6 +64,41 @@ class ContainerMetadata(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     gpus: list[AllocatedGPU] = msgspec.field(default_factory=list)
 
 
+class ClaimDevice(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One allocation result of the DRA driver in a claim: a share of one GPU."""
+
+    request: str
+    pool: str
+    device: str
+    share_id: str = ""
+    uuid: str
+    memory: int
+    cores: int
+
+
+class PodRef(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str
+    uid: str
+
+
+class ClaimMetadata(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Host-only metadata of a prepared claim, `<state_dir>/claims/<claim-uid>/claim.json`
+    (written by the DRA plugin; read by the monitor and vgpuctl)."""
+
+    version: int = CLAIM_METADATA_VERSION
+    claim_uid: str
+    namespace: str
+    name: str
+    token: str
+    created: float
+    driver: str
+    devices: list[ClaimDevice] = msgspec.field(default_factory=list)
+    gpus: list[AllocatedGPU] = msgspec.field(default_factory=list)
+    # The pods the claim was reserved for when it was prepared (status.reservedFor). The kubelet
+    # prepares a claim once per node: pods that join a shared claim later are not listed.
+    reserved_for: list[PodRef] = msgspec.field(default_factory=list)
+
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -69,8 +106,11 @@ def encode(obj: msgspec.Struct) -> bytes:
     return _encoder.encode(obj)
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
-    """Write a file atomically: temp file in the same directory, fsync, rename, fsync dir."""
+def write_atomic(path: str, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+    """Write a file atomically: temp file in the same directory (a leading dot and no extension:
+    readers that list `*.json` never see it), then rename. `durable`: fsync of the file before the
+    rename and of the directory after it; without, the file appears whole or not at all, but a
+    machine crash may lose it (for files rebuilt from a durable source, e.g. the DRA checkpoint)."""
     d = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
     try:
@@ -79,11 +119,14 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         while view:
             n = os.write(fd, view)
             view = view[n:]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.close(fd)
         fd = -1
         os.rename(tmp, path)
         tmp = ""
+        if not durable:
+            return
         dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
@@ -107,3 +150,8 @@ def read_record(path: str) -> AllocationRecord:
 def read_metadata(path: str) -> ContainerMetadata:
     with open(path, "rb") as f:
         return msgspec.json.decode(f.read(), type=ContainerMetadata)
+
+
+def read_claim_metadata(path: str) -> ClaimMetadata:
+    with open(path, "rb") as f:
+        return msgspec.json.decode(f.read(), type=ClaimMetadata)

@@ -32,13 +32,14 @@ from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
 
-from device_plugin.dra import apiclient, cdi, claims, core, slices
+from device_plugin.dra import apiclient, cdi, claims, slices
 from device_plugin.dra import checkpoint as ckpt
-from device_plugin.dra.claimstate import ClaimDevice, ClaimState, PodRef, new_metadata
-from device_plugin.dra.config import DRAConfig
-from device_plugin.dra.inventory import GPU
+from device_plugin.dra.claimstate import ClaimState, new_metadata
+from device_plugin.dra.config import Settings
+from device_plugin.nodecore import NodeCore
+from device_plugin.records import RecordStore
 from vgpu.log import kv
-from vgpu.schemas import AllocationRecord
+from vgpu.schemas import AllocatedGPU, AllocationRecord, ClaimDevice, PodRef
 
 log = logging.getLogger(__name__)
 
@@ -56,28 +57,57 @@ class PrepareResult:
     error: str = ""
 
 
+def share_vgpu_id(claim_uid: str, s: claims.Share) -> str:
+    """The ID a share has in the record's `vgpu_ids` (`<GPU-UUID>::<rest>`, as device plugin IDs:
+    the physical UUID is everything before the last `::`)."""
+    return f"{s.uuid}::dra:{claim_uid}:{s.share_id or s.request}"
+
+
+def merge(claim_uid: str, shares: Sequence[claims.Share], cores_cap: int) -> list[AllocatedGPU]:
+    """A claim's entries of its allocation record: per GPU, in order of first appearance, the
+    memory and cores of its shares added up (cores at most the GPU's whole compute; as several
+    vGPUs of one GPU in one container on the device-plugin path), one vGPU ID per share."""
+    gpus: dict[str, AllocatedGPU] = {}
+    for s in shares:
+        g = gpus.get(s.uuid)
+        vid = share_vgpu_id(claim_uid, s)
+        if g is None:
+            gpus[s.uuid] = AllocatedGPU(
+                uuid=s.uuid, memory_limit=s.memory, core_percent=min(s.cores, cores_cap), vgpu_ids=[vid]
+            )
+        else:
+            g.memory_limit += s.memory
+            g.core_percent = min(g.core_percent + s.cores, cores_cap)
+            g.vgpu_ids.append(vid)
+    return list(gpus.values())
+
+
 class Driver:
+    """The DRA front end's claim handling over the node core: its GPUs and health, and its
+    allocation records (resource name = the driver name, written without fsync: the checkpoint
+    is the durable piece)."""
+
     def __init__(
         self,
-        cfg: DRAConfig,
+        cfg: Settings,
         node: str,
-        gpus: Sequence[GPU],
-        node_core: core.NodeCore,
+        node_core: NodeCore,
         api: apiclient.ResourceAPI | None,
         *,
+        records: RecordStore | None = None,
         state: ClaimState | None = None,
         specs: cdi.SpecDir | None = None,
     ) -> None:
         self.cfg = cfg
         self.node = node
-        self.gpus = {g.uuid: g for g in gpus}
-        self.capacities = slices.capacities(gpus, cfg)
+        self.node_core = node_core
+        self.gpus = {g.uuid: g for g in node_core.gpus}
+        self.capacities = slices.capacities(node_core.gpus, cfg)
         self.cores_cap = slices.cores_policy(cfg).capacity
-        self.core = node_core
+        self.records = records or node_core.records(cfg.driver_name, durable=False)
         self.api = api
-        self.state = state or ClaimState(cfg.claims_dir)
+        self.state = state or ClaimState(cfg.paths)
         self.specs = specs or cdi.SpecDir(cfg.cdi_dir)
-        self.unhealthy: set[str] = set()
         self._lock = threading.Lock()
         self._readers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-read")
         self._workers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-make")
@@ -92,6 +122,7 @@ class Driver:
         """Load the checkpoint, rebuild what it lists, remove what it does not."""
         with self._lock:
             self.cp = ckpt.load(self.cfg.checkpoint_path, self.cfg.driver_name, self.node)
+            self.records.ensure_dir()
             self.state.ensure_dir()
             for pc in self.cp.claims.values():
                 self._ensure(pc)
@@ -117,8 +148,8 @@ class Driver:
     def _ensure(self, pc: ckpt.PreparedClaim) -> None:
         """Rebuild the record, directory and spec of a checkpointed claim where missing."""
         rec = self._record_of(pc)
-        if not self.core.has_record(pc.token):
-            self.core.restore_record(rec)
+        if not self.records.has(pc.token):
+            self.records.restore(rec)
             log.warning(kv("allocation record rebuilt", claim=f"{pc.namespace}/{pc.name}", uid=pc.uid))
         if not self.state.complete(pc.uid):
             meta = new_metadata(
@@ -138,9 +169,9 @@ class Driver:
     def _sweep_orphans(self) -> None:
         known = set(self.cp.claims)
         tokens = {c.token for c in self.cp.claims.values()}
-        for rec in self.core.list_records():
+        for rec in self.records.list():
             if rec.token not in tokens:
-                self.core.remove_record(rec.token)
+                self.records.remove(rec.token)
                 log.warning(kv("orphan allocation record removed", token=rec.token[:8] + "…"))
         for uid in self.state.list():
             if uid not in known and claims.valid_uid(uid):
@@ -251,7 +282,7 @@ class Driver:
             )
         except claims.ClaimError as e:
             return str(e), None
-        bad = [s.device for s in got if s.uuid in self.unhealthy]
+        bad = [s.device for s in got if not self.node_core.is_healthy(s.uuid)]
         if bad:
             return f"ResourceClaim {ref.namespace}/{ref.name}: unhealthy device {', '.join(bad)}", None
         return got, claim
@@ -270,11 +301,7 @@ class Driver:
     def _make(
         self, ref: ClaimRef, shares: list[claims.Share], claim: claims.ResourceClaim | None
     ) -> ckpt.PreparedClaim:
-        gpus = core.merge(
-            ref.uid,
-            [core.ShareSlice(s.uuid, s.memory, s.cores, s.share_id or "", s.request) for s in shares],
-            self.cores_cap,
-        )
+        gpus = merge(ref.uid, shares, self.cores_cap)
         # Fail closed with a clear message rather than a runc mount error at container start.
         try:
             lib = os.stat(self.cfg.library_path)
@@ -294,7 +321,7 @@ class Driver:
             )
             for s in shares
         ]
-        rec = self.core.write_record(gpus, self.cfg.memory_scaling > 1.0)
+        rec = self.records.write(gpus, self.cfg.slicing.oversubscribe)
         try:
             pods = [PodRef(name=p.name, uid=p.uid) for p in claims.reserved_pods(claim)] if claim else []
             meta = new_metadata(
@@ -309,7 +336,7 @@ class Driver:
             self.state.create(rec, meta)
             self.specs.write(ref.uid, self._files(ref.uid))
         except BaseException:
-            self.core.remove_record(rec.token)
+            self.records.remove(rec.token)
             raise
         ours = cdi.device_id(ref.uid)
         devices = []
@@ -369,14 +396,14 @@ class Driver:
         tokens = {token} if token else set()
         marker = f"::dra:{uid}:"
         try:
-            for r in self.core.list_records() if not token else []:
+            for r in self.records.list() if not token else []:
                 if any(marker in v for g in r.gpus for v in g.vgpu_ids):
                     tokens.add(r.token)
         except OSError as e:
             log.error(kv("cannot list allocation records", error=e.strerror or e))
         for t in tokens:
             try:
-                self.core.remove_record(t)
+                self.records.remove(t)
             except OSError as e:
                 log.error(kv("cannot remove allocation record", uid=uid, error=e.strerror or e))
 
@@ -411,7 +438,3 @@ class Driver:
     def prepared(self) -> dict[str, ckpt.PreparedClaim]:
         with self._lock:
             return dict(self.cp.claims)
-
-    def set_unhealthy(self, uuids: set[str]) -> None:
-        with self._lock:
-            self.unhealthy = set(uuids)

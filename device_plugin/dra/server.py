@@ -25,6 +25,7 @@ from concurrent import futures
 
 import grpc
 
+from device_plugin.cli import socket_identity
 from device_plugin.dra.api import dra_pb2 as dra
 from device_plugin.dra.api import dra_pb2_grpc as dra_grpc
 from device_plugin.dra.api import pluginregistration_pb2 as reg
@@ -103,14 +104,6 @@ class DRAService(dra_grpc.DRAPluginServicer):
         return out
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_ctime_ns
-
-
 def _unlink(path: str) -> None:
     try:
         os.unlink(path)
@@ -138,10 +131,10 @@ class _Socket:
             raise OSError(f"cannot bind {self.path}")
         server.start()
         self.server = server
-        self.identity = _identity(self.path)
+        self.identity = socket_identity(self.path)
 
     def ours(self) -> bool:
-        return self.identity is not None and _identity(self.path) == self.identity
+        return self.identity is not None and socket_identity(self.path) == self.identity
 
     def stop(self) -> None:
         if self.server is not None:

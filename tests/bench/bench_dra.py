@@ -33,11 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from device_plugin.dra import slices  # noqa: E402
-from device_plugin.dra.config import DRAConfig  # noqa: E402
-from device_plugin.dra.inventory import GPU  # noqa: E402
+from device_plugin.dra.config import settings  # noqa: E402
 from tests.support import draallocator, kubeapi  # noqa: E402
 from tests.support.drakubelet import Claim, DRAKubelet  # noqa: E402
 from tests.support.procs import terminate  # noqa: E402
+from vgpu.nvml import GPUInfo  # noqa: E402
 from vgpu.schemas import write_atomic  # noqa: E402
 
 NODE = "bench-node"
@@ -107,8 +107,8 @@ def main() -> int:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             kubelet.wait_registered(DRIVER, timeout=60)
-            gpus = [GPU(index=i, uuid=u, product_name="x", memory_total=16 * GIB) for i, u in enumerate(node.uuids)]
-            alloc_slices = slices.build(NODE, gpus, DRAConfig(node_name=NODE), generation=1)
+            gpus = [GPUInfo(i, u, "x", 16 * GIB, None, None) for i, u in enumerate(node.uuids)]
+            alloc_slices = slices.build(NODE, gpus, settings(None, node_name=NODE), generation=1)
             lat: dict[int, list[float]] = {1: [], 16: []}
             unlat: list[float] = []
             cpu16 = 0.0

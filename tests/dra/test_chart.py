@@ -62,7 +62,7 @@ def test_values_reach_the_plugin_and_it_accepts_them(tmp_path: Any) -> None:
     args = [a for a in c["args"] if not a.startswith("--config=")]
     args.append(f"--config={tmp_path / 'none.toml'}")
     cfg, _ = load(build_parser().parse_args(args))
-    assert (cfg.split_count, cfg.memory_step, cfg.driver_name) == (4, 512 << 20, "gpu.vgpu.k8s.io")
+    assert (cfg.slicing.split_count, cfg.memory_step, cfg.driver_name) == (4, 512 << 20, "gpu.vgpu.k8s.io")
     assert cfg.library_path == "/usr/local/vgpu/lib/libvgpu.so" and cfg.cdi_dir == "/var/run/cdi"
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi", "/var/lib/vgpu"} <= mounts

@@ -6,27 +6,19 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from device_plugin.dra import apiclient
-from device_plugin.dra.config import DRAConfig
-from device_plugin.dra.inventory import GPU
+from device_plugin.dra.config import Settings
 from device_plugin.dra.publisher import Publisher
+from device_plugin.nodecore import NodeCore
 from tests.dra.conftest import NODE, gpus
+from tests.dra.support import node_core
 from tests.support import kubeapi, resourcevalidation
 
 GPUS = gpus(2)
-
-
-class Node:
-    def __init__(self) -> None:
-        self.gpus: list[GPU] = list(GPUS)
-
-    def __call__(self) -> list[GPU]:
-        return self.gpus
 
 
 def our_slices(kube: kubeapi.KubeAPI) -> list[dict[str, Any]]:
@@ -38,12 +30,13 @@ def writes(kube: kubeapi.KubeAPI) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def pub(kube: kubeapi.KubeAPI, cfg: DRAConfig) -> tuple[Publisher, Node]:
-    node = Node()
-    return Publisher(apiclient.KubeResourceAPI(kube.api_client()), cfg, NODE, node), node
+def pub(kube: kubeapi.KubeAPI, cfg: Settings) -> tuple[Publisher, NodeCore]:
+    """A publisher of the node core's healthy GPUs (as the daemon wires it)."""
+    node = node_core(cfg, GPUS)
+    return Publisher(apiclient.KubeResourceAPI(kube.api_client()), cfg, NODE, node.healthy_gpus), node
 
 
-def test_create_then_nothing_to_do(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_create_then_nothing_to_do(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, _ = pub
     assert p.sync()
     [s] = our_slices(kube)
@@ -73,24 +66,25 @@ def _bytes(dev: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def test_health_change_bumps_the_generation(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_health_change_bumps_the_generation(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, node = pub
     p.sync()
-    node.gpus = [GPUS[0], replace(GPUS[1], healthy=False)]
+    node.table.mark_unhealthy(GPUS[1].uuid, "xid 79")
     assert p.sync()
     [s] = our_slices(kube)
     assert s["spec"]["pool"]["generation"] == 2 and [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
-    node.gpus = [replace(g, healthy=False) for g in GPUS]
+    node.table.mark_unhealthy(GPUS[0].uuid, "lost")
     assert p.sync()
     [s] = our_slices(kube)
     assert s["spec"]["pool"]["generation"] == 3 and "devices" not in s["spec"]
-    node.gpus = list(GPUS)
+    for g in GPUS:
+        node.table.mark_healthy(g.uuid)
     assert p.sync()
     [s] = our_slices(kube)
     assert s["spec"]["pool"]["generation"] == 4 and len(s["spec"]["devices"]) == 2
 
 
-def test_a_slice_changed_by_someone_else_is_repaired(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_a_slice_changed_by_someone_else_is_repaired(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, _ = pub
     p.sync()
     [s] = our_slices(kube)
@@ -100,10 +94,10 @@ def test_a_slice_changed_by_someone_else_is_repaired(kube: kubeapi.KubeAPI, pub:
     assert len(s["spec"]["devices"]) == 2 and s["spec"]["pool"]["generation"] == 2
 
 
-def test_conflict_then_retry(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_conflict_then_retry(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, node = pub
     p.sync()
-    node.gpus = GPUS[:1]
+    node.table.mark_unhealthy(GPUS[1].uuid, "xid 79")
     kube.fail_next("PATCH", r"/resourceslices/", 409)
     assert not p.sync()
     assert p.sync()
@@ -111,7 +105,7 @@ def test_conflict_then_retry(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node])
     assert [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
 
 
-def test_obsolete_slices_go_and_uninstall_removes_all(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_obsolete_slices_go_and_uninstall_removes_all(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, _ = pub
     p.sync()
     [s] = our_slices(kube)
@@ -152,7 +146,7 @@ class DroppingAPI(apiclient.KubeResourceAPI):
 
 
 def test_fields_dropped_by_the_api_server_do_not_loop(
-    kube: kubeapi.KubeAPI, cfg: DRAConfig, caplog: pytest.LogCaptureFixture
+    kube: kubeapi.KubeAPI, cfg: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     p = Publisher(DroppingAPI(kube.api_client()), cfg, NODE, lambda: GPUS)
     with caplog.at_level(logging.ERROR):
