@@ -26,6 +26,9 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 class CommonConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     state_dir: str = paths.DEFAULT_STATE_DIR
     log_level: LogLevel = "warning"
+    # Files rebuilt at start-up that must not outlive a reboot (the DRA claims' limits and
+    # regions) go here when set, best a tmpfs such as /run/vgpu; empty: under state_dir.
+    run_dir: str = ""
 
 
 class HookConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -117,7 +120,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     @property
     def paths(self) -> paths.Paths:
-        return paths.Paths(self.common.state_dir)
+        return paths.Paths(self.common.state_dir, self.common.run_dir)
 
 
 class ConfigError(ValueError):

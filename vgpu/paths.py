@@ -1,7 +1,10 @@
 """Host paths of DESIGN.md, in one place.
 
 Every daemon derives its paths from one `state_dir` (default /var/lib/vgpu) so
-tests and demos can run the whole stack under a temporary directory.
+tests and demos can run the whole stack under a temporary directory; files that
+are rebuilt at start-up and must not outlive a reboot (the DRA claims' limits
+and regions) may live under a `run_dir` instead (a tmpfs such as /run/vgpu;
+`common.run_dir`, empty: the state dir).
 """
 
 from __future__ import annotations
@@ -69,27 +72,29 @@ def valid_container_id(cid: str) -> bool:
 class Paths:
     """All host paths derived from the state directory.
 
-    Behaves as `@dataclass(frozen=True)` with one field `state_dir` did
+    Behaves as `@dataclass(frozen=True)` with fields `state_dir` and `run_dir` would
     (init, repr, eq, hash, match, FrozenInstanceError), written out by hand
     so that importing this module does not import dataclasses.
     """
 
-    __match_args__ = ("state_dir",)
+    __match_args__ = ("state_dir", "run_dir")
     state_dir: str
+    run_dir: str
 
-    def __init__(self, state_dir: str = DEFAULT_STATE_DIR) -> None:
+    def __init__(self, state_dir: str = DEFAULT_STATE_DIR, run_dir: str = "") -> None:
         object.__setattr__(self, "state_dir", state_dir)
+        object.__setattr__(self, "run_dir", run_dir)
 
     def __repr__(self) -> str:
-        return f"{type(self).__qualname__}(state_dir={self.state_dir!r})"
+        return f"{type(self).__qualname__}(state_dir={self.state_dir!r}, run_dir={self.run_dir!r})"
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is self.__class__:
-            return (self.state_dir,) == (other.state_dir,)  # type: ignore[attr-defined]
+            return (self.state_dir, self.run_dir) == (other.state_dir, other.run_dir)  # type: ignore[attr-defined]
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self.state_dir,))
+        return hash((self.state_dir, self.run_dir))
 
     def __setattr__(self, name: str, value: object) -> None:
         from dataclasses import FrozenInstanceError  # only on misuse
@@ -124,8 +129,9 @@ class Paths:
 
     @property
     def claims_dir(self) -> str:
-        """Per-claim state of the DRA front end (docs/dra.md): `<uid>/` and the shared ld.so.preload."""
-        return os.path.join(self.state_dir, "claims")
+        """Per-claim state of the DRA front end (docs/dra.md): `<uid>/` and the shared ld.so.preload.
+        Under the run dir when there is one: the DRA plugin rebuilds it from its checkpoint."""
+        return os.path.join(self.run_dir or self.state_dir, "claims")
 
     @property
     def dra_dir(self) -> str:

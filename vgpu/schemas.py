@@ -8,8 +8,8 @@ All are JSON files on the host, root-only.
 
 from __future__ import annotations
 
+import _thread
 import os
-import tempfile
 from typing import Annotated
 
 import msgspec
@@ -102,6 +102,17 @@ class ClaimMetadata(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 _encoder = msgspec.json.Encoder()
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# The process's umask, read once at import (daemons start single-threaded and never change it):
+# a created file needs an fchmod only when the umask would strip bits of its mode.
+UMASK = _current_umask()
+
+
 def encode(obj: msgspec.Struct) -> bytes:
     return _encoder.encode(obj)
 
@@ -110,11 +121,22 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600, *, durable: bool = T
     """Write a file atomically: temp file in the same directory (a leading dot and no extension:
     readers that list `*.json` never see it), then rename. `durable`: fsync of the file before the
     rename and of the directory after it; without, the file appears whole or not at all, but a
-    machine crash may lose it (for files rebuilt from a durable source, e.g. the DRA checkpoint)."""
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    machine crash may lose it (for files rebuilt from a durable source, e.g. the DRA checkpoint).
+
+    The temporary name is this process's and thread's own (created with O_EXCL, never through a
+    link; a leftover of a killed writer with the same name is removed first): the directories
+    written here are root-owned, so nobody else can race for it."""
+    d, base = os.path.split(path)
+    tmp = os.path.join(d or ".", f".tmp-{base}.{os.getpid()}.{_thread.get_ident()}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        os.fchmod(fd, mode)
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, mode)
+    try:
+        if mode & UMASK:
+            os.fchmod(fd, mode)
         view = memoryview(data)
         while view:
             n = os.write(fd, view)
@@ -127,7 +149,7 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600, *, durable: bool = T
         tmp = ""
         if not durable:
             return
-        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        dfd = os.open(d or ".", os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
         finally:
@@ -140,6 +162,20 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600, *, durable: bool = T
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def write_new(path: str, data: bytes, mode: int) -> None:
+    """Create `path` with `data` (O_EXCL, never through a link), in place and without fsync: for a
+    directory made a moment ago that nothing reads yet."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        if mode & UMASK:
+            os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def read_record(path: str) -> AllocationRecord:

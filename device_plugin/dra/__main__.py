@@ -36,6 +36,7 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--node-name": ("node_name", str, "this Node's name, the pool name (default $NODE_NAME, else the host name)"),
     "--kubelet-dir": ("kubelet_dir", str, "kubelet root directory (default device_plugin.kubelet_dir)"),
     "--state-dir": ("state_dir", str, "state directory (default common.state_dir)"),
+    "--run-dir": ("run_dir", str, "directory of the claims' files, best a tmpfs (default common.run_dir)"),
     "--library-path": ("library_path", str, "libvgpu.so on the host (default hook.library_path)"),
     "--cdi-dir": ("cdi_dir", str, "directory for the per-claim CDI specs (default /var/run/cdi)"),
     "--nvidia-cdi-kind": ("nvidia_cdi_kind", str, "CDI kind of the NVIDIA spec (default device_plugin.cdi_kind)"),

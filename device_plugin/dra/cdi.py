@@ -106,6 +106,7 @@ class SpecDir:
 
     def __init__(self, cdi_dir: str) -> None:
         self.cdi_dir = cdi_dir
+        self._made = False
 
     def path(self, claim_uid: str) -> str:
         device_id(claim_uid)  # validates the name
@@ -120,9 +121,15 @@ class SpecDir:
         whole spec appear at once. No fsync: after a crash the plugin rewrites every spec of its
         checkpoint.
         """
-        os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
+        if not self._made:
+            os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
+            self._made = True
         path = self.path(claim_uid)
-        write_atomic(path, msgspec.json.encode(spec(claim_uid, files)), 0o644, durable=False)
+        try:
+            write_atomic(path, msgspec.json.encode(spec(claim_uid, files)), 0o644, durable=False)
+        except FileNotFoundError:  # the directory was removed meanwhile: make it again, once
+            os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
+            write_atomic(path, msgspec.json.encode(spec(claim_uid, files)), 0o644, durable=False)
         return path
 
     def exists(self, claim_uid: str) -> bool:

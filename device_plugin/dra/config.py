@@ -1,7 +1,8 @@
 """The DRA plugin's settings: a view of the node configuration (vgpu.config.NodeConfig).
 
 Its own settings are the `[dra]` section; the rest is the node's, shared with the device plugin
-through the node core: `common.state_dir`, `hook.library_path`, and from `[device_plugin]` the
+through the node core: `common.state_dir` and `common.run_dir` (the claims' files, rebuilt at
+start-up: best a tmpfs), `hook.library_path`, and from `[device_plugin]` the
 slicing (split count, scalings), `kubelet_dir`, `node_name`, `cdi_kind` (the NVIDIA CDI kind) and
 `health_recovery_s`. `FIELDS` names each setting's place in the node config; the command line's
 flags (`--driver-name`, `--device-split-count`, ...) override those places.
@@ -26,6 +27,7 @@ FIELDS: dict[str, str] = {
     "node_name": "device_plugin.node_name",
     "kubelet_dir": "device_plugin.kubelet_dir",
     "state_dir": "common.state_dir",
+    "run_dir": "common.run_dir",
     "library_path": "hook.library_path",
     "cdi_dir": "dra.cdi_dir",
     "nvidia_cdi_kind": "device_plugin.cdi_kind",
@@ -49,6 +51,7 @@ class Settings:
     node_name: str
     kubelet_dir: str
     state_dir: str
+    run_dir: str
     library_path: str
     cdi_dir: str
     nvidia_cdi_kind: str
@@ -70,6 +73,7 @@ class Settings:
             node_name=dp.node_name,
             kubelet_dir=dp.kubelet_dir,
             state_dir=cfg.common.state_dir,
+            run_dir=cfg.common.run_dir,
             library_path=cfg.hook.library_path,
             cdi_dir=dra.cdi_dir,
             nvidia_cdi_kind=dp.cdi_kind,
@@ -86,7 +90,7 @@ class Settings:
 
     @property
     def paths(self) -> Paths:
-        return Paths(self.state_dir)
+        return Paths(self.state_dir, self.run_dir)
 
     @property
     def registry_dir(self) -> str:

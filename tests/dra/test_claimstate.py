@@ -43,7 +43,6 @@ def test_fast_region_is_the_hooks_region_byte_for_byte(tmp_path_factory: pytest.
     ref = bytearray((d / "ref").read_bytes())
     ours = bytearray((d / "ours").read_bytes())
     assert oct(os.stat(d / "ours").st_mode & 0o777) == "0o666"
-    assert os.stat(d / "ours").st_blocks * 512 >= vregion.REGION_SIZE  # allocated, not sparse
     created = vregion.Region.created.offset
     ours[created : created + 8] = ref[created : created + 8]  # the creation time differs
     assert ours == ref

@@ -330,3 +330,51 @@ def test_socket_replaced_under_the_plugin_is_noticed(cfg: Settings, plugin: Plug
     assert plugin.server.alive()
     os.unlink(cfg.registration_socket)
     assert not plugin.server.alive()
+
+
+def test_unprepare_during_a_prepare_of_the_claim_waits_for_it(
+    cfg: Settings, kube: kubeapi.KubeAPI, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+) -> None:
+    """Claims are read and made outside the driver's lock; an unprepare of a claim whose prepare
+    is in flight waits for it, then undoes it: nothing of the claim is left."""
+    c = claims.make({"gpu": {"memory": "2Gi"}})
+    kube.latency_s = 0.5  # the read of the claim is slow
+    t = threading.Thread(target=lambda: kubelet.prepare(DRIVER, [c]))
+    t.start()
+    deadline = 100
+    while deadline and not any(m == "GET" and p.endswith(f"/resourceclaims/{c.name}") for m, p, _ in kube.requests):
+        threading.Event().wait(0.02)
+        deadline -= 1
+    assert deadline, "the prepare did not read the claim"
+    kubelet.unprepare(DRIVER, [c])
+    kube.latency_s = 0
+    t.join()
+    assert records(cfg) == [] and claim_dirs(cfg) == [] and plugin.driver.prepared() == {}
+    assert not os.path.exists(Path(cfg.cdi_dir) / f"vgpu.k8s.io-claim_{c.uid}.json")
+
+
+def test_claims_files_live_in_the_run_dir(tmp_path: Path, kube: kubeapi.KubeAPI) -> None:
+    """With common.run_dir (a tmpfs on a node) the claims' files go there, records and the
+    checkpoint stay in the state dir; the region is sparse (a hole, read as zeros)."""
+    from tests.dra.conftest import make_cfg
+
+    cfg = make_cfg(tmp_path, run_dir=str(tmp_path / "run"))
+    p = start_plugin(cfg, GPUS, kube)
+    try:
+        with DRAKubelet(cfg.kubelet_dir) as kubelet:
+            kubelet.wait_registered(DRIVER)
+            c = Claims(kube, cfg, GPUS).make({"gpu": {"memory": "6Gi", "cores": "30"}})
+            kubelet.prepare(DRIVER, [c])
+    finally:
+        p.stop()
+    d = tmp_path / "run" / "claims" / c.uid
+    assert cfg.claims_dir == str(tmp_path / "run" / "claims")
+    assert sorted(os.listdir(d)) == ["claim.json", "limits", "region"]
+    assert oct(d.stat().st_mode & 0o777) == "0o700" and oct((d / "limits").stat().st_mode & 0o777) == "0o644"
+    assert oct((d / "claim.json").stat().st_mode & 0o777) == "0o600"
+    assert (d / "region").stat().st_blocks * 512 < vregion.REGION_SIZE  # sparse
+    assert vregion.read_region(str(d / "region")).devices[0].memory_limit == 6 * GIB
+    assert len(records(cfg)) == 1 and Path(cfg.checkpoint_path).is_file()
+    assert str(tmp_path / "state") in cfg.checkpoint_path
+    spec = json.loads((Path(cfg.cdi_dir) / f"vgpu.k8s.io-claim_{c.uid}.json").read_text())
+    assert {m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]} >= {str(d / "region")}

@@ -5,6 +5,7 @@ create, no-op, generation bumps on a change (health), repair of a slice changed 
 from __future__ import annotations
 
 import copy
+import http.client
 import logging
 from typing import Any
 
@@ -159,7 +160,37 @@ def test_fields_dropped_by_the_api_server_do_not_loop(
     assert s["spec"]["pool"]["generation"] == 1
 
 
-def test_claim_reads_carry_the_clients_credentials(kube: kubeapi.KubeAPI) -> None:
+def test_claim_reads_carry_the_clients_credentials(kube: kubeapi.KubeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    ac = kube.api_client()
+    seen: list[dict[str, str]] = []
+    request = http.client.HTTPConnection.request
+
+    def spy(self: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> Any:
+        seen.append(dict(kw.get("headers") or {}))
+        return request(self, method, url, *a, **kw)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", spy)
+    api = apiclient.KubeResourceAPI(ac)
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 404 and "not found" in e.value.message
+    assert seen[-1]["authorization"] == "Bearer test-token" and seen[-1]["Accept"] == "application/json"
+    # keep-alive: a second read reuses the thread's connection; one the server closed is reopened
+    n = len(kube.requests)
+    conn = api._local.conn
+    for _ in range(2):
+        with pytest.raises(apiclient.ApiError):
+            api.get_claim("default", "missing")
+    assert api._local.conn is conn and len(kube.requests) == n + 2
+    conn.sock.close()
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 404
+
+
+def test_claim_reads_through_a_proxy_use_the_clients_pool(kube: kubeapi.KubeAPI) -> None:
+    """With a proxy (or a TLS server name) configured, the read goes through the client's own
+    pool, which knows how to use it."""
     ac = kube.api_client()
     seen: list[dict[str, str]] = []
     request = ac.rest_client.pool_manager.request
@@ -169,8 +200,36 @@ def test_claim_reads_carry_the_clients_credentials(kube: kubeapi.KubeAPI) -> Non
         return request(method, url, **kw)
 
     ac.rest_client.pool_manager.request = spy
+    ac.configuration.proxy = "http://proxy.invalid:3128"
     api = apiclient.KubeResourceAPI(ac)
     with pytest.raises(apiclient.ApiError) as e:
         api.get_claim("default", "missing")
-    assert e.value.status == 404 and "not found" in e.value.message
-    assert seen[-1]["authorization"] == "Bearer test-token" and seen[-1]["Accept"] == "application/json"
+    assert e.value.status == 404
+    assert seen[-1]["authorization"] == "Bearer test-token"
+
+
+def test_credentials_are_asked_again_after_a_401(kube: kubeapi.KubeAPI) -> None:
+    """Credentials are cached for a few seconds (the client's refresh hook is slow); a 401 within
+    them asks the client again and retries once (a rotated token)."""
+    ac = kube.api_client()
+    asked: list[int] = []
+    settings = ac.configuration.auth_settings
+
+    def counting() -> Any:
+        asked.append(1)
+        return settings()
+
+    ac.configuration.auth_settings = counting  # type: ignore[method-assign]
+    api = apiclient.KubeResourceAPI(ac)
+    for _ in range(3):
+        with pytest.raises(apiclient.ApiError):
+            api.get_claim("default", "missing")
+    assert len(asked) == 1
+    kube.fail_next("GET", r"/resourceclaims/missing$", 401)
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 404 and len(asked) == 2  # asked again, retried, answered
+    kube.fail_next("GET", r"/resourceclaims/missing$", 401, times=2)
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 401  # a second 401 is the answer
