@@ -74,13 +74,8 @@ def cfg(tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[kubeapi.KubeAPI]:
-    """The API server stand-in, with the resource.k8s.io/v1 kinds and scopes of types.go
-    (ResourceClaim namespaced; ResourceSlice and DeviceClass cluster-scoped)."""
-    monkeypatch.setitem(kubeapi.KINDS, "resourceclaims", ("ResourceClaim", "resource.k8s.io/v1"))
-    monkeypatch.setitem(kubeapi.KINDS, "resourceslices", ("ResourceSlice", "resource.k8s.io/v1"))
-    monkeypatch.setitem(kubeapi.KINDS, "deviceclasses", ("DeviceClass", "resource.k8s.io/v1"))
-    monkeypatch.setattr(kubeapi, "CLUSTER_SCOPED", kubeapi.CLUSTER_SCOPED | {"resourceslices", "deviceclasses"})
+def kube() -> Iterator[kubeapi.KubeAPI]:
+    """The API server stand-in (it knows the resource.k8s.io/v1 kinds and their scopes)."""
     with kubeapi.running() as api:
         api.create("nodes", kubeapi.node_object(NODE))
         yield api

@@ -24,12 +24,6 @@ from vgpu.nvml import GPUInfo
 MIB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def _client_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(k8svalidate.MODELS, ("resource.k8s.io/v1", "ResourceSlice"), "V1ResourceSlice")
-    monkeypatch.setitem(k8svalidate.MODELS, ("resource.k8s.io/v1", "DeviceClass"), "V1DeviceClass")
-
-
 def both(obj: dict) -> list[str]:
     return resourcevalidation.validate(obj) + k8svalidate.validate(obj)
 
