@@ -63,6 +63,13 @@ class NodeCore:
     def is_healthy(self, uuid: str) -> bool:
         return self.table.is_healthy(uuid)
 
+    def health_of(self, uuid: str) -> tuple[bool, str]:
+        """(healthy, why not) of one GPU; an unknown GPU is unhealthy."""
+        st = self.table.gpus.get(uuid)
+        if st is None:
+            return False, "unknown GPU"
+        return self.table.is_healthy(uuid), st.reason
+
     def records(self, resource_name: str, *, durable: bool = True) -> RecordStore:
         """The allocation records of one front end (its resource name)."""
         return RecordStore(self.paths, resource_name, durable=durable)

@@ -50,13 +50,19 @@ class DRADaemon:
             cfg.paths,
             health_recovery_s=cfg.health_recovery_s,
             nvml_health=nvml_health,
-            on_health_change=self._health_changed.set,
+            on_health_change=self._on_health_change,
         )
         self.driver = Driver(cfg, self.node, self.core, api)
         self.publisher = (
             Publisher(api, cfg, self.node, self.core.healthy_gpus) if (api is not None and cfg.publish) else None
         )
         self.server: PluginServer | None = None
+
+    def _on_health_change(self) -> None:
+        self._health_changed.set()  # the publisher withdraws or restores the GPU
+        server = getattr(self, "server", None)  # None until the first serve
+        if server is not None:
+            server.health.changed()  # the kubelet's health stream
 
     def stop(self) -> None:
         self.stop_event.set()

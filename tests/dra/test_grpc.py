@@ -65,8 +65,8 @@ def test_registration(cfg: Settings, plugin: Plugin, kubelet: DRAKubelet) -> Non
     assert r.socket == os.path.join(cfg.kubelet_dir, "plugins_registry", f"{DRIVER}-reg.sock")
     assert r.endpoint == os.path.join(cfg.kubelet_dir, "plugins", DRIVER, "dra.sock")
     assert r.versions == ["v1.DRAPlugin"] and r.service == "v1.DRAPlugin"
-    # The kubelet's health stream, which we do not serve yet: refused, and serving goes on.
-    assert r.health == "UNIMPLEMENTED"
+    # The kubelet's health stream, opened right after registration, is served (test_health.py).
+    assert r.health == "OK"
     assert plugin.server.registration.registered.wait(5)
     assert plugin.server.registration.last_status is not None
     assert plugin.server.registration.last_status.plugin_registered

@@ -132,7 +132,8 @@ def test_the_kubelet_stand_in_speaks_as_the_real_kubelet() -> None:
             else dra_pb2.NodeUnprepareResourcesResponse
         )
         ParseDict(c["response"], msg())
-    # The kubelet also tries the DRA health service, which we do not serve (yet).
+    # The kubelet also tries the DRA health service, with an empty request (served since this
+    # recording: test_health.py).
     assert any(c["method"] == "/v1alpha1.DRAResourceHealth/NodeWatchResources" for c in calls())
 
 
