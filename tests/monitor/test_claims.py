@@ -305,3 +305,37 @@ def test_memory_backstop_applies_to_claims(node, procs: Procs) -> None:
         _metric(mon.scrape(), "vgpu_container_backstop_actions_total", container_id="claim:" + UID_B, action="kill")
         == 0
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not can_unshare_mounts(), reason="needs root and unshare(1) for pid namespaces")
+def test_extra_bytes_reach_each_slot_of_a_claim_shared_across_pid_namespaces(node, procs: Procs) -> None:
+    """Two pods' containers of one claim, each the first process of its own pid namespace: both
+    slots of the claim's region say pid 1 (host_pid 0: the library cannot know it). Their start
+    times tell them apart, and each slot gets what NVML sees beyond its own charge."""
+    from vgpu import region as vregion
+
+    fakegpu, paths, start_monitor, lib_env = node
+    u0 = fakegpu.uuids[0]
+    da = make_claim(paths, UID_A, [(u0, 4 * GIB, 50)])
+    argv = ["unshare", "--pid", "--fork", fakegpu.burn, "--alloc", "256m", "--seconds", "0", "--hold", "60"]
+
+    def slots() -> list:
+        return [s for s in vregion.read_region(str(da / "region")).slots if s.pid]
+
+    outer = []
+    for n in (1, 2):  # one after the other: start times (clock ticks) that differ
+        outer.append(procs.spawn(argv, env=lib_env(da), stdout=subprocess.DEVNULL))
+        assert wait_for(lambda n=n: len(slots()) == n, 20), slots()
+        time.sleep(0.05)
+    assert [s.pid for s in slots()] == [1, 1] and all(s.host_pid == 0 for s in slots())
+    for p in outer:  # the workloads (pid 1 inside) are the unshare processes' children
+        for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split():
+            procs.adopt(int(c))
+    start_monitor("--policy", "off")
+    assert wait_for(lambda: all(s.extra_bytes[0] > 0 for s in slots()), 20), slots()
+    used = {p["host_pid"]: p["devices"][0]["used"] for p in fakegpu.state()["processes"]}
+    starts = {key(pid).start_time: pid for pid in used}
+    for s in slots():
+        assert s.extra_bytes[0] == used[starts[s.start_time]] - s.device_bytes[0]
