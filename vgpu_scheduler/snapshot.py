@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,18 +50,8 @@ class NodeView:
     totals: tuple[int, int, int] = (0, 0, 0)  # schedulable memory, cores, slots of all its GPUs
 
 
-class Use(msgspec.Struct, gc=False):
-    """Memory bytes, compute percent and vGPU slots held of one GPU. Scalars only: kept out of the
-    cyclic GC (there are tens of thousands of these; its full collections walk every tracked one)."""
-
-    memory: int = 0
-    cores: int = 0
-    slots: int = 0
-
-    def add(self, o: Use, sign: int = 1) -> None:
-        self.memory += sign * o.memory
-        self.cores += sign * o.cores
-        self.slots += sign * o.slots
+# Memory bytes, compute percent and vGPU slots held of one GPU (scalars only, out of the cyclic GC).
+Use = sc.GPUUse
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +70,7 @@ class NodeInfo:
     # GPUs' sizes (and totals): nodes of one shape give a pod the same slices, so their order by
     # usage is their order by placement score (the filter's index, state.py).
     shape: tuple[object, ...] = ()
+    resource_version: str = ""
 
 
 def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo:
@@ -113,7 +105,18 @@ def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo
         )
     totals = (sum(g.memory for g in gpus), sum(g.cores for g in gpus), sum(g.slots for g in gpus))
     shape = (totals, tuple((g.memory, g.cores, g.slots) for g in gpus))
-    return NodeInfo(name, inv, err, alloc, dict(meta.get("labels") or {}), gpus, totals, used, shape)
+    return NodeInfo(
+        name,
+        inv,
+        err,
+        alloc,
+        dict(meta.get("labels") or {}),
+        gpus,
+        totals,
+        used,
+        shape,
+        meta.get("resourceVersion") or "",
+    )
 
 
 def node_view(info: NodeInfo, now: float, stale_after_s: float) -> NodeView:
@@ -144,6 +147,8 @@ class PodRec(msgspec.Struct, frozen=True, gc=False):
     resource_version: str = ""
     priority: int = 0  # spec.priority (admission sets it from the PriorityClass); absent: 0
     start: str = ""  # status.startTime (RFC 3339, sorts as text); "" while not started
+    inits: tuple[str, ...] = ()  # init containers that are not restartable (vgpu.scheduling.pod_usage)
+    mirror: str = ""  # a mirror pod: the UID the kubelet knows its static pod by (sc.MIRROR_ANNOTATION)
 
     @property
     def key(self) -> str:
@@ -170,6 +175,8 @@ def pod_rec(pod: dict[str, Any]) -> PodRec:
         resource_version=meta.get("resourceVersion") or "",
         priority=_int((pod.get("spec") or {}).get("priority")),
         start=str((pod.get("status") or {}).get("startTime") or ""),
+        inits=sc.blocking_inits(pod),
+        mirror=str((meta.get("annotations") or {}).get(sc.MIRROR_ANNOTATION) or ""),
     )
 
 
@@ -182,10 +189,9 @@ def _int(v: Any) -> int:
 
 def decision_usage(d: sc.Decision, allocated: frozenset[str] | set[str] = frozenset()) -> dict[str, Use]:
     """A decision's effective usage per GPU UUID: max(any init container, sum of app containers),
-    less the containers the node already published (`allocated`).
-
-    The rule lives once, in vgpu.scheduling.decision_usage (vgpuctl cluster reads the same)."""
-    return {uuid: Use(u.memory, u.cores, u.slots) for uuid, u in sc.decision_usage(d, allocated).items()}
+    less the containers the node already published (`allocated`). The rule lives once, in
+    vgpu.scheduling (vgpuctl cluster reads the same)."""
+    return sc.decision_usage(d, allocated)
 
 
 def counts(p: PodRec) -> str:
@@ -198,12 +204,22 @@ Usage = dict[str, dict[str, Use]]  # node -> GPU UUID -> used
 
 
 def usage_of(
-    pods: list[PodRec], nodes: list[NodeInfo] | None = None, reserved: dict[str, sc.Decision] | None = None
+    pods: list[PodRec],
+    nodes: list[NodeInfo] | None = None,
+    reserved: dict[str, sc.Decision] | None = None,
+    unknown_holds: Callable[[str, str], bool] | None = None,
 ) -> Usage:
     """Usage recomputed from scratch (what the incremental accounting must always equal): per node,
     vgpu.scheduling.node_usage of its published slices and of the decisions holding GPUs there
-    (a reservation, `reserved`: pod UID -> decision, stands for the pod's decision)."""
-    live = {p.uid: p.phase not in sc.TERMINATED_PHASES for p in pods}
+    (a reservation, `reserved`: pod UID -> decision, stands for the pod's decision).
+
+    A pod's published slices hold while it is not Succeeded/Failed (`pods`, by UID or, for a mirror
+    pod, by its static pod's UID); for a pod UID none of `pods` has, `unknown_holds(node, uid)`
+    answers (the state: its pod watch has not reached the node's version yet; default: no)."""
+    by_uid: dict[str, PodRec] = {p.uid: p for p in pods}
+    for p in pods:
+        if p.mirror and p.mirror not in by_uid:
+            by_uid[p.mirror] = p
     held: dict[str, dict[str, sc.Decision]] = {}
     for p in pods:
         d = (reserved or {}).get(p.uid)
@@ -213,11 +229,18 @@ def usage_of(
             node, d = counts(p), p.decision
         if node and d is not None:
             held.setdefault(node, {})[p.uid] = d
+    inits = {uid: p.inits for uid, p in by_uid.items()}
     slices = {n.name: n.used.slices for n in nodes or [] if n.used is not None}
     usage: Usage = {}
     for node in held.keys() | slices.keys():
-        per = sc.node_usage(slices.get(node, []), held.get(node, {}), live)
-        usage[node] = {uuid: Use(u.memory, u.cores, u.slots) for uuid, u in per.items()}
+
+        def holds(uid: str, node: str = node) -> bool:
+            p = by_uid.get(uid)
+            if p is not None:
+                return p.phase not in sc.TERMINATED_PHASES
+            return unknown_holds(node, uid) if unknown_holds is not None else False
+
+        usage[node] = sc.node_usage(slices.get(node, []), held.get(node, {}), holds, inits)
     return usage
 
 
