@@ -373,6 +373,11 @@ def blocking_inits(pod: dict[str, Any]) -> tuple[str, ...]:
 def node_allocatable(node: dict[str, Any], resource: str = RESOURCE_GPU) -> int:
     """The Node's allocatable vGPU count: -1 when it does not list the resource, 0 when unparsable."""
     text = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    return allocatable_count(None if text is None else str(text))
+
+
+def allocatable_count(text: str | None) -> int:
+    """An allocatable quantity's text as a count: -1 when absent, 0 when unparsable."""
     if text is None:
         return -1
     try:

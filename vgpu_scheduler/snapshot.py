@@ -71,24 +71,54 @@ class NodeInfo:
     # usage is their order by placement score (the filter's index, state.py).
     shape: tuple[object, ...] = ()
     resource_version: str = ""
+    inventory_key: int = 0  # hash of the inventory text it was parsed from (0: none)
 
 
 def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo:
+    """What the scheduler keeps of a Node object (a dict, as the API returns it)."""
     meta = node.get("metadata") or {}
-    name = meta.get("name") or ""
-    text = (meta.get("annotations") or {}).get(sc.INVENTORY_ANNOTATION)
+    alloc = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    return _node_info(
+        str(meta.get("name") or ""),
+        str(meta.get("resourceVersion") or ""),
+        meta.get("annotations") or {},
+        alloc if alloc is None else str(alloc),
+        dict(meta.get("labels") or {}),
+        None,
+    )
+
+
+def _node_info(
+    name: str,
+    rv: str,
+    annotations: dict[str, str],
+    alloc_text: str | None,
+    labels: dict[str, str],
+    prev: NodeInfo | None,
+) -> NodeInfo:
+    text = annotations.get(sc.INVENTORY_ANNOTATION)
+    key = hash(text) if text is not None else 0
     inv: sc.NodeInventory | None = None
     err = ""
-    if text is None:
+    gpus: tuple[GPU, ...] = ()
+    if prev is not None and key and prev.inventory_key == key and prev.inventory is not None:
+        # The inventory text is what it was (only the heartbeat makes it change): not decoded again.
+        inv, gpus = prev.inventory, prev.gpus
+    elif text is None:
         err = "no vGPU inventory (device plugin not running?)"
     else:
         try:
             inv = sc.decode_inventory(text)
         except sc.ContractError as e:
             err = f"invalid inventory: {e}"
-    alloc = sc.node_allocatable(node, resource)
+        if inv is not None:
+            gpus = tuple(
+                GPU(g.uuid, g.index, g.model, g.numa, g.memory_schedulable, g.cores, g.split_count, g.health)
+                for g in sorted(inv.gpus, key=lambda g: g.index)
+            )
+    alloc = sc.allocatable_count(alloc_text)
     used: sc.NodeUsage | None = None
-    text_used = (meta.get("annotations") or {}).get(sc.USAGE_ANNOTATION)
+    text_used = annotations.get(sc.USAGE_ANNOTATION)
     if text_used:
         try:
             used = sc.decode_usage(text_used)
@@ -96,27 +126,145 @@ def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo
             # Unreadable: the slices it would name are unknown; the node offers nothing rather
             # than over-committing what it may hold.
             err = err or f"invalid usage: {e}"
-            inv = None
-    gpus: tuple[GPU, ...] = ()
-    if inv is not None:
-        gpus = tuple(
-            GPU(g.uuid, g.index, g.model, g.numa, g.memory_schedulable, g.cores, g.split_count, g.health)
-            for g in sorted(inv.gpus, key=lambda g: g.index)
-        )
-    totals = (sum(g.memory for g in gpus), sum(g.cores for g in gpus), sum(g.slots for g in gpus))
-    shape = (totals, tuple((g.memory, g.cores, g.slots) for g in gpus))
-    return NodeInfo(
-        name,
-        inv,
-        err,
-        alloc,
-        dict(meta.get("labels") or {}),
-        gpus,
-        totals,
-        used,
-        shape,
-        meta.get("resourceVersion") or "",
+            inv, gpus = None, ()
+    if prev is not None and prev.gpus is gpus:
+        totals, shape = prev.totals, prev.shape
+    else:
+        totals = (sum(g.memory for g in gpus), sum(g.cores for g in gpus), sum(g.slots for g in gpus))
+        shape = (totals, tuple((g.memory, g.cores, g.slots) for g in gpus))
+    return NodeInfo(name, inv, err, alloc, labels, gpus, totals, used, shape, rv, key if inv is not None else 0)
+
+
+# ----- what the watches and lists bring, decoded into the fields kept (msgspec skips the rest) ----
+class _ObjMeta(msgspec.Struct):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    annotations: dict[str, str] | None = None
+    deletionTimestamp: str | None = None
+
+
+class _Container(msgspec.Struct):
+    name: str = ""
+    restartPolicy: str | None = None
+
+
+class _PodSpec(msgspec.Struct):
+    nodeName: str = ""
+    priority: int | None = None
+    initContainers: list[_Container] | None = None
+
+
+class _PodStatus(msgspec.Struct):
+    phase: str = ""
+    startTime: str | None = None
+
+
+class _Pod(msgspec.Struct):
+    metadata: _ObjMeta = msgspec.field(default_factory=_ObjMeta)
+    spec: _PodSpec = msgspec.field(default_factory=_PodSpec)
+    status: _PodStatus = msgspec.field(default_factory=_PodStatus)
+
+
+class _NodeStatus(msgspec.Struct):
+    allocatable: dict[str, str] | None = None
+
+
+class _Node(msgspec.Struct):
+    metadata: _ObjMeta = msgspec.field(default_factory=_ObjMeta)
+    status: _NodeStatus = msgspec.field(default_factory=_NodeStatus)
+
+
+class _ListMeta(msgspec.Struct):
+    resourceVersion: str = ""
+
+
+class _PodList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[_Pod] | None = None
+
+
+class _NodeList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[_Node] | None = None
+
+
+_pod_dec = msgspec.json.Decoder(_Pod)
+_node_dec = msgspec.json.Decoder(_Node)
+_pod_list_dec = msgspec.json.Decoder(_PodList)
+_node_list_dec = msgspec.json.Decoder(_NodeList)
+
+
+class DecodeError(ValueError):
+    """A Pod or Node (or list) that is not one."""
+
+
+def _rec_of(p: _Pod) -> PodRec:
+    m, spec, st = p.metadata, p.spec, p.status
+    ann = m.annotations or {}
+    text = ann.get(sc.DECISION_ANNOTATION)
+    dec: sc.Decision | None = None
+    if text:
+        try:
+            dec = sc.decode_decision(text)
+        except sc.ContractError as e:
+            log.warning("pod %s/%s: ignoring its decision: %s", m.namespace, m.name, e)
+    return PodRec(
+        uid=m.uid or f"{m.namespace}/{m.name}",
+        namespace=m.namespace,
+        name=m.name,
+        node=spec.nodeName,
+        phase=st.phase,
+        deleting=bool(m.deletionTimestamp),
+        decision=dec,
+        resource_version=m.resourceVersion,
+        priority=spec.priority or 0,
+        start=st.startTime or "",
+        inits=tuple(c.name for c in spec.initContainers or () if c.restartPolicy != "Always"),
+        mirror=ann.get(sc.MIRROR_ANNOTATION) or "",
     )
+
+
+def decode_pod(data: bytes) -> PodRec:
+    """A Pod's JSON (a watch event's object) into what the scheduler keeps of it."""
+    try:
+        return _rec_of(_pod_dec.decode(data))
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"not a Pod: {e}") from None
+
+
+def decode_pod_list(data: bytes) -> tuple[list[PodRec], str]:
+    """A PodList's JSON into (records, the list's resourceVersion); no Pod is kept whole."""
+    try:
+        doc = _pod_list_dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"not a PodList: {e}") from None
+    return [_rec_of(p) for p in doc.items or ()], doc.metadata.resourceVersion
+
+
+def _info_of(n: _Node, resource: str, prev: NodeInfo | None) -> NodeInfo:
+    m = n.metadata
+    alloc = (n.status.allocatable or {}).get(resource)
+    return _node_info(m.name, m.resourceVersion, m.annotations or {}, alloc, {}, prev)
+
+
+def decode_node(data: bytes, resource: str, kept: Callable[[str], NodeInfo | None] | None = None) -> NodeInfo:
+    """A Node's JSON into what the scheduler keeps of it; `kept(name)`: the record kept for that
+    node, whose inventory is reused when its text is unchanged (only decoded when it changed)."""
+    try:
+        n = _node_dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"not a Node: {e}") from None
+    return _info_of(n, resource, kept(n.metadata.name) if kept is not None else None)
+
+
+def decode_node_list(data: bytes, resource: str) -> tuple[list[NodeInfo], str]:
+    try:
+        doc = _node_list_dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"not a NodeList: {e}") from None
+    return [_info_of(n, resource, None) for n in doc.items or ()], doc.metadata.resourceVersion
 
 
 def node_view(info: NodeInfo, now: float, stale_after_s: float) -> NodeView:

@@ -4,8 +4,9 @@ Usage is never state of its own. Per node it is what the node published as hande
 `vgpu.k8s.io/node-usage` annotation of its device plugin: slices named by the pods holding them,
 which hold while those pods run, although the records behind them outlive the pods) plus the
 decisions of the pods holding GPUs there that the node has not published yet
-(vgpu.scheduling.node_usage, pod_usage), plus this replica's reservations: a filter's choice is held in memory from the filter until bind writes it (the
-filter makes no API call), and it expires after `reservation_ttl_s` when no bind comes. The sums
+(vgpu.scheduling.node_usage, pod_usage), plus this replica's reservations: a filter's choice is
+held in memory from the filter until bind writes it (the filter makes no API call), and it
+expires after `reservation_ttl_s` when no bind comes. The sums
 are maintained incrementally per pod and per node, and `recomputed()` derives them from scratch
 (`snapshot.usage_of`): tests and the benchmark check both always agree (`drift_bytes`). They are
 rebuilt from a fresh list on start, on watch expiry and when a replica starts serving (which also
@@ -26,6 +27,7 @@ filter walks these lists and stops at the first fit instead of fitting every nod
 from __future__ import annotations
 
 import bisect
+import ctypes
 import gc
 import heapq
 import logging
@@ -76,6 +78,31 @@ class Summary(msgspec.Struct, gc=False):
     max_free_mem: int
     max_free_cores: int
     gpus_with_slot: int
+
+
+def _settle_after_list() -> None:
+    """After a list: the relisted records are long-lived and acyclic, so they leave the cyclic
+    GC's full collections, which otherwise walk all of them (100-200 ms pauses measured at 5,000
+    pods, long enough for a filter to miss its deadline); garbage is collected first so none is
+    frozen. Then the memory the list's text and its decoding took goes back to the system
+    (glibc keeps freed heap otherwise: issue 15 saw 196 MiB after a relist at 5,000 nodes)."""
+    gc.collect()
+    gc.freeze()
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim: Any = None
 
 
 def _add(per: PerGPU, other: PerGPU, sign: int) -> None:
@@ -130,6 +157,7 @@ class ClusterState:
         self._views: dict[str, tuple[NodeInfo, NodeView]] = {}
         self.ready = threading.Event()
         self.relists = 0
+        self.last_relist_s = 0.0  # how long the last list (and its rebuild) took
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -375,7 +403,9 @@ class ClusterState:
 
     # ----- applying objects (all under the lock) -----
     def apply_pod(self, obj: Obj, deleted: bool = False) -> None:
-        rec = snapshot.pod_rec(obj)
+        self.apply_pod_rec(snapshot.pod_rec(obj), deleted)
+
+    def apply_pod_rec(self, rec: PodRec, deleted: bool = False) -> None:
         key = _rv_key(rec.resource_version)
         with self.lock:
             cur = self._keys.get(rec.uid)
@@ -411,7 +441,9 @@ class ClusterState:
                 self._recount(rec.mirror)  # the slices the kubelet named with its static pod's UID
 
     def apply_node(self, obj: Obj, deleted: bool = False) -> None:
-        info = snapshot.node_info(obj, self.cfg.resource_name)
+        self.apply_node_info(snapshot.node_info(obj, self.cfg.resource_name), deleted)
+
+    def apply_node_info(self, info: NodeInfo, deleted: bool = False) -> None:
         with self.lock:
             if deleted:
                 self.nodes.pop(info.name, None)
@@ -422,6 +454,9 @@ class ClusterState:
             self._touch(info.name)
 
     def replace_pods(self, items: list[Obj], list_rv: str = "") -> None:
+        self.replace_pod_recs([snapshot.pod_rec(o) for o in items], list_rv)
+
+    def replace_pod_recs(self, items: list[PodRec], list_rv: str = "") -> None:
         """A fresh list (as of list_rv) replaces the records, except where this replica knows better.
 
         Kept: a record newer than its listed version (a watch event or a patch answer applied
@@ -433,8 +468,7 @@ class ClusterState:
         with self.lock:
             pods: dict[str, PodRec] = {}
             keys: dict[str, int] = {}
-            for obj in items:
-                rec = snapshot.pod_rec(obj)
+            for rec in items:
                 k = _rv_key(rec.resource_version)
                 cur = self._keys.get(rec.uid)
                 tomb = self._tombstones.get(rec.uid)
@@ -453,21 +487,16 @@ class ClusterState:
             self.reservations = {u: r for u, r in self.reservations.items() if u in pods}
             self.pod_rv = max(self.pod_rv, lrv)  # every pod that existed at list_rv is in the list
             self._rebuild()
-        # The relisted records are long-lived and acyclic: move them out of the cyclic GC's full
-        # collections, which otherwise walk all of them (100-200 ms pauses measured at 5,000 pods,
-        # long enough for a filter to miss its deadline). Collect first so no garbage is frozen.
-        gc.collect()
-        gc.freeze()
+        _settle_after_list()
 
     def replace_nodes(self, items: list[Obj]) -> None:
+        self.replace_node_infos([snapshot.node_info(o, self.cfg.resource_name) for o in items])
+
+    def replace_node_infos(self, items: list[NodeInfo]) -> None:
         with self.lock:
-            self.nodes = {}
-            for obj in items:
-                info = snapshot.node_info(obj, self.cfg.resource_name)
-                self.nodes[info.name] = info
+            self.nodes = {info.name: info for info in items}
             self._rebuild()
-        gc.collect()  # as in replace_pods: thousands of long-lived node records out of the GC's walks
-        gc.freeze()
+        _settle_after_list()
 
     def _rebuild(self) -> None:
         """All sums from scratch (after a list). Call under lock."""
@@ -613,17 +642,40 @@ class ClusterState:
         return most_gpus, most_mem, most_cores
 
     # ----- sync with the API -----
+    def _list(self, kind: str) -> str:
+        """List pods or nodes and replace what is kept; returns the list's resourceVersion."""
+        assert self.kube is not None
+        if kind == "pods":
+            recs, rv = snapshot.decode_pod_list(self.kube.list_raw("pods"))
+            self.replace_pod_recs(recs, rv)
+        else:
+            infos, rv = snapshot.decode_node_list(
+                self.kube.list_raw("nodes", self.cfg.node_label_selector), self.cfg.resource_name
+            )
+            self.replace_node_infos(infos)
+        return rv
+
     def resync(self) -> None:
         """List nodes and pods now (start, leadership, watch expiry); reservations of an earlier
-        term are dropped (their binds are refused while this replica did not serve)."""
+        term are dropped (their binds are refused while this replica did not serve). Nodes first:
+        every pod a Node's usage names was created before the pods' list (see _first_seen)."""
         assert self.kube is not None
-        nodes, _ = self.kube.list_nodes(self.cfg.node_label_selector)
-        pods, rv = self.kube.list_pods()
+        t = time.monotonic()
         with self.lock:
             self.reservations = {}
-        self.replace_nodes(nodes)
-        self.replace_pods(pods, rv)
+        self._list("nodes")
+        self._list("pods")
         self.relists += 1
+        self.last_relist_s = time.monotonic() - t
+        log.info("relisted nodes and pods in %.2f s", self.last_relist_s)
+
+    def _apply_event(self, kind: str, etype: str, raw: bytes) -> None:
+        deleted = etype == "DELETED"
+        if kind == "pods":
+            self.apply_pod_rec(snapshot.decode_pod(raw), deleted)
+        else:
+            # The record kept for the node lets an unchanged inventory go undecoded.
+            self.apply_node_info(snapshot.decode_node(raw, self.cfg.resource_name, self.nodes.get), deleted)
 
     def _loop(self, kind: str) -> None:
         assert self.kube is not None
@@ -632,32 +684,30 @@ class ClusterState:
         while not self._stop.is_set():
             try:
                 if not rv:
-                    if kind == "pods":
-                        items, rv = self.kube.list_pods()
-                        self.replace_pods(items, rv)
-                    else:
-                        items, rv = self.kube.list_nodes(self.cfg.node_label_selector)
-                        self.replace_nodes(items)
+                    t = time.monotonic()
+                    rv = self._list(kind)
                     with self.lock:
                         self.relists += 1
+                    self.last_relist_s = time.monotonic() - t
                     self._synced(kind)
-                for etype, obj in self.kube.watch(kind, rv, 60, self.cfg.node_label_selector):
+                for etype, ev_rv, raw in self.kube.watch_raw(kind, rv, 60, self.cfg.node_label_selector):
                     if self._stop.is_set():
                         return
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    rv = ev_rv or rv
+                    if etype != "BOOKMARK":
+                        try:
+                            self._apply_event(kind, etype, bytes(raw))
+                        except snapshot.DecodeError as e:
+                            log.warning("%s watch: skipping an event: %s", kind, e)
                     if kind == "pods":
-                        if etype != "BOOKMARK":
-                            self.apply_pod(obj, deleted=etype == "DELETED")
                         with self.lock:
                             self.note_pod_rv(rv)  # events come in resourceVersion order
                         self._settle_gc()
-                    elif etype != "BOOKMARK":
-                        self.apply_node(obj, deleted=etype == "DELETED")
                 backoff = 0.2
             except Expired:
                 log.info("%s watch expired: relisting", kind)
                 rv = ""
-            except APIFailure as e:
+            except (APIFailure, snapshot.DecodeError) as e:
                 if self._stop.is_set():
                     return
                 log.warning("%s watch: %s", kind, e)
