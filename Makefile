@@ -11,7 +11,7 @@ CWARN   := -Wall -Wextra -Werror
 COPT    ?= -O2 -g
 CFLAGS_LIB  := $(CSTD) $(CWARN) $(COPT) -fPIC -fvisibility=hidden
 CFLAGS_PROG := $(CSTD) $(CWARN) $(COPT)
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=40
 
 # Every fragment appends its outputs to ALL_TARGETS.
 ALL_TARGETS :=
