@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # Every fragment appends its outputs to ALL_TARGETS.
 ALL_TARGETS :=
 
-.PHONY: all venv test test-cluster lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler deb rpm test-asan
+.PHONY: all venv test test-cluster lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler bench-dra deb rpm test-asan
 
 all: build-all
 
@@ -82,10 +82,13 @@ bench-shares: venv build-all
 	$(PY) tests/bench/bench_shares.py
 bench-scheduler: venv
 	$(PY) tests/bench/bench_scheduler.py
+bench-dra: venv build-all
+	$(PY) tests/bench/bench_dra.py
 
 # --- generated gRPC code of the device plugin (committed; regenerate after editing the .proto) ---
 proto: venv
 	device_plugin/api/gen.sh $(PY)
+	device_plugin/dra/api/gen.sh $(PY)
 
 clean:
 	rm -rf $(BUILD)

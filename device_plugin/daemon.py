@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from device_plugin import checkpoint, decision, inventory, records, strategy
+from device_plugin import checkpoint, decision, inventory, records, strategy, usage
 from device_plugin.devices import DeviceTable, Slicing
 from device_plugin.health import HealthMonitor
 from device_plugin.registration import RegistrationError, register
@@ -94,7 +94,18 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._inventory_dirty = threading.Event()
         node = inventory.node_name(cfg.node_name)
-        self.annotator = inventory.NodeAnnotator(self.table, cfg.resource_name, node, cfg.inventory_heartbeat_s)
+        # What the node handed out, published with the inventory (docs/scheduler.md, "Usage").
+        self.usage = usage.Tracker(state, cfg.resource_name)
+        self.annotator = inventory.NodeAnnotator(
+            self.table,
+            cfg.resource_name,
+            node,
+            cfg.inventory_heartbeat_s,
+            usage=self.usage.doc,
+            # Tags of records written before a restart, from the pods' `allocated` lists (only
+            # the decisions path writes those: with decisions off there is nothing to ask).
+            on_client=(lambda api: usage.rebuild_from_api(self.usage, api, node)) if cfg.decisions != "off" else None,
+        )
         self.decisions = (
             decision.Decisions(self.table, node, cfg.decisions, cfg.allocation_policy)
             if cfg.decisions != "off"
@@ -135,12 +146,17 @@ class Daemon:
             "resource_name": self.cfg.resource_name,
             "policy": self.cfg.allocation_policy,
             "decisions": self.decisions,
+            "on_allocated": self._allocated,
             "strategy": strategy.Strategy(
                 names=tuple(self.cfg.device_list_strategy),
                 cdi_kind=self.cfg.cdi_kind,
                 annotation_prefix=self.cfg.cdi_annotation_prefix,
             ),
         }
+
+    def _allocated(self, token: str, pod_uid: str, container: str) -> None:
+        self.usage.note(token, pod_uid, container)
+        self._inventory_dirty.set()  # wakes housekeeping: the usage annotation is due
 
     def _serve(self) -> bool:
         """(Re)start the gRPC server; False (logged) when it cannot serve."""
@@ -257,6 +273,8 @@ class Daemon:
             log.warning("kubelet device checkpoint readable again, collecting allocation records")
             self._checkpoint_warned = False
         deleted = self.collector.collect(replayable)
+        if deleted:
+            self._inventory_dirty.set()  # the usage annotation is due
         for tok in deleted:
             log.info(kv("allocation record removed", token=tok[:8] + "…", reason="kubelet no longer keeps it"))
         return deleted
@@ -267,7 +285,7 @@ class Daemon:
         self._inventory_dirty.set()
         while not self.stop_event.is_set():
             now = time.monotonic()
-            if self._inventory_dirty.is_set() or now >= next_inv:
+            if self._inventory_dirty.is_set() or now >= next_inv or self.annotator.pending:
                 self._inventory_dirty.clear()
                 next_inv = now + self.cfg.inventory_heartbeat_s
                 self.annotator.publish()

@@ -6,26 +6,37 @@ kubeconfig), and otherwise says so once and does nothing. The document carries a
 (unix seconds): the annotator re-patches it every `heartbeat_s` even when nothing else changed,
 so the scheduler can tell a live plugin from a dead one (it stops offering a node whose
 heartbeat is older than its `stale_after_s`).
+
+With a usage source (device_plugin/usage.py) the same PATCH carries `vgpu.k8s.io/node-usage`,
+what the node handed out: with the inventory, and on its own when it changed, at most once per
+`usage_interval_s` (a burst of Allocates is one write). The PATCH's answer is the Node: when
+its status lacks the node-level GPU totals kube-scheduler counts (vgpu.scheduling.node_capacity:
+never published, or zeroed by a kubelet that re-registered the Node), they are written to the
+status subresource (capacity and allocatable; the kubelet keeps extended resources it does not
+manage, nodestatus/setters.go MachineInfo).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from device_plugin.devices import DeviceTable
 from vgpu import scheduling
-from vgpu.scheduling import InventoryGPU, NodeInventory
+from vgpu.scheduling import InventoryGPU, NodeInventory, NodeUsage
 
 log = logging.getLogger(__name__)
 
 ANNOTATION = scheduling.INVENTORY_ANNOTATION
 INVENTORY_VERSION = scheduling.INVENTORY_VERSION
+USAGE_INTERVAL_S = 1.0  # at most one usage-only PATCH per node this often
 
 
 def inventory(table: DeviceTable, resource_name: str, now: float) -> NodeInventory:
@@ -101,11 +112,21 @@ class NodeAnnotator:
         resource_name: str,
         node: str,
         heartbeat_s: float = scheduling.DEFAULT_HEARTBEAT_S,
+        usage: Callable[[float], NodeUsage] | None = None,
+        usage_interval_s: float = USAGE_INTERVAL_S,
+        on_client: Callable[[Any], None] | None = None,
     ) -> None:
         self.table = table
         self.resource_name = resource_name
         self.node = node
         self.heartbeat_s = heartbeat_s
+        self.usage = usage
+        self.usage_interval_s = usage_interval_s
+        self.on_client = on_client  # called once with the API client (usage tags from the API)
+        self.pending = False  # a usage change waits for usage_interval_s
+        self._last_usage: list[scheduling.UsedSlice] | None = None
+        self._usage_at = -1e18
+        self._capacity_warned = False
         self._api: Any | None = None
         self._disabled = False
         self._lock = threading.Lock()
@@ -127,24 +148,68 @@ class NodeAnnotator:
                     self._disabled = True
                     log.warning("no Kubernetes API server configured; node inventory annotation disabled")
                     return False
+                if self.on_client is not None:
+                    self.on_client(self._api)
             now = time.time() if now is None else now
             inv = inventory(self.table, self.resource_name, now)
             last = self._last
-            if last is not None and _same(last, inv) and now - last.heartbeat < self.heartbeat_s:
+            inv_due = last is None or not _same(last, inv) or now - last.heartbeat >= self.heartbeat_s
+            used = self.usage(now) if self.usage is not None else None
+            used_changed = used is not None and used.slices != self._last_usage
+            if used_changed and not inv_due and now - self._usage_at < self.usage_interval_s:
+                self.pending = True  # published on a later call, with whatever changed meanwhile
                 return True
-            body = {"metadata": {"annotations": {ANNOTATION: scheduling.encode(inv)}}}
+            if not inv_due and not used_changed:
+                self.pending = False
+                return True
+            ann: dict[str, str] = {}
+            if inv_due:
+                ann[ANNOTATION] = scheduling.encode(inv)
+            if used is not None and (inv_due or used_changed):
+                ann[scheduling.USAGE_ANNOTATION] = scheduling.encode(used)
             try:
-                self._api.patch_node(self.node, body, _request_timeout=10)
-            except Exception as e:  # ApiException, connection errors
+                answer = self._api.patch_node(
+                    self.node, {"metadata": {"annotations": ann}}, _request_timeout=10, _preload_content=False
+                )
+                node = json.loads(answer.data)
+            except Exception as e:  # ApiException, connection errors, an answer that is not JSON
                 if not self._warned:
                     log.warning("cannot annotate node %s: %s", self.node, str(e).splitlines()[0] if str(e) else e)
                     self._warned = True
                 return False
-            changed = last is None or not _same(last, inv)
-            self._last = inv
+            if used is not None:
+                self._last_usage, self._usage_at, self.pending = used.slices, now, False
+            if inv_due:
+                changed = last is None or not _same(last, inv)
+                self._last = inv
+                (log.info if changed else log.debug)("node %s annotated with the GPU inventory", self.node)
             self._warned = False
-            (log.info if changed else log.debug)("node %s annotated with the GPU inventory", self.node)
+            self._capacity(inv, node if isinstance(node, dict) else {})
             return True
+
+    def _capacity(self, inv: NodeInventory, node: dict[str, Any]) -> None:
+        """Write the node-level totals to the Node's status when the Node (the PATCH's answer) lacks them."""
+        want = {k: str(v) for k, v in scheduling.node_capacity(inv).items()}
+        status = node.get("status") or {}
+        have_cap, have_alloc = status.get("capacity") or {}, status.get("allocatable") or {}
+        if all(str(have_cap.get(k)) == v and str(have_alloc.get(k)) == v for k, v in want.items()):
+            return
+        assert self._api is not None
+        body = {"status": {"capacity": want, "allocatable": want}}
+        try:
+            self._api.patch_node_status(self.node, body, _request_timeout=10, _preload_content=False)
+        except Exception as e:  # no RBAC for nodes/status, connection errors: the heartbeat retries
+            if not self._capacity_warned:
+                log.warning(
+                    "cannot write the node-level GPU totals to node %s's status (preemption by GPU memory "
+                    "is not possible there): %s",
+                    self.node,
+                    str(e).splitlines()[0] if str(e) else e,
+                )
+                self._capacity_warned = True
+            return
+        self._capacity_warned = False
+        log.info("node %s: status capacity %s", self.node, want)
 
 
 def _same(a: NodeInventory, b: NodeInventory) -> bool:

@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
@@ -47,7 +47,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         stop: threading.Event,
         decisions: decision.Decisions | None = None,
         strategy: device_strategy.Strategy | None = None,
+        on_allocated: Callable[[str, str, str], None] | None = None,
     ) -> None:
+        # Told of every record written: (token, pod UID, container) of the decision it honoured,
+        # ("" when none): the node's published usage (device_plugin/usage.py).
+        self.on_allocated = on_allocated
         self.strategy = strategy or device_strategy.Strategy()
         self.decisions = decisions  # scheduler decisions (None: every container gets n x 1/K)
         self.table = table
@@ -115,6 +119,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 if claim is not None and self.decisions is not None:
                     self.decisions.release(claim)
                 context.abort(grpc.StatusCode.INTERNAL, f"cannot write allocation record: {e.strerror}")
+            if self.on_allocated is not None:
+                tag = (claim.pod.uid, claim.container.name) if claim is not None else ("", "")
+                self.on_allocated(rec.token, *tag)
             if claim is not None and self.decisions is not None:
                 self.decisions.confirm(claim)
             cresp = out.container_responses.add()

@@ -9,8 +9,14 @@ The strategies and what each puts in the ContainerAllocateResponse are NVIDIA's 
 - `cdi-annotations`: annotations <prefix>vgpu-device-plugin_<id> = "<kind>=<uuid>,..."
 - `cdi-cri`: cdi_devices [{name: "<kind>=<uuid>"}, ...] (kubelet >= 1.29, containerd >= 1.7.2)
 
-`volume-mounts` replaces the envvar value when both are listed, as NVIDIA's does; with only CDI
-strategies no NVIDIA_VISIBLE_DEVICES is set (`AllCDIEnabled`).  Our allocation token (env and
+`volume-mounts` replaces the envvar value when both are listed, as NVIDIA's does.  With only CDI
+strategies NVIDIA's plugin sets no NVIDIA_VISIBLE_DEVICES (`getAllocateResponse`); we set it to
+`void`.  Why: an nvidia/cuda image carries `ENV NVIDIA_VISIBLE_DEVICES=all`, containerd appends the
+response's env after the image's and NVIDIA's runtime takes the last one.  Without our `void` a
+runtime in legacy or jit-cdi mode (or `auto` with that `all` among its requests, which then
+resolves to jit-cdi) would inject every GPU of the node next to the CDI devices, and the hook
+would have to refuse the container.  `void` means "no GPU from the env" to the runtime and the
+legacy hook (reference gpu-injection.md §2); the GPUs come from the CDI names alone.  Our allocation token (env and
 annotation) is added by the caller in every strategy: the annotation is how the hook finds the
 record, the env its fallback.
 """
@@ -52,6 +58,8 @@ def fill(resp: pb.ContainerAllocateResponse, uuids: Sequence[str], strategy: Str
         resp.envs[VISIBLE_DEVICES_ENV] = VOLUME_ROOT
         for u in uuids:
             resp.mounts.add(container_path=f"{VOLUME_ROOT}/{u}", host_path="/dev/null", read_only=True)
+    if not names & {"envvar", "volume-mounts"}:
+        resp.envs[VISIBLE_DEVICES_ENV] = "void"  # the image's `all` must not add GPUs (see above)
     qualified = [f"{strategy.cdi_kind}={u}" for u in uuids]
     if "cdi-annotations" in names:
         # cdiapi.UpdateAnnotations: key <prefix><plugin>_<device id>, name part <= 63 characters.

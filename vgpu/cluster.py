@@ -1,10 +1,13 @@
 """`vgpuctl cluster`: the cluster's vGPU nodes, GPUs, allocated/free memory and cores, pods per GPU.
 
 Everything comes from the API server (kubeconfig or in-cluster service account): the Nodes'
-inventory annotations (what the device plugins offer) and the Pods' decision annotations (what
-vgpu-scheduler gave each container, the single source of truth of usage; the per-pod arithmetic
-is vgpu.scheduling.decision_usage / holding_node, shared with the scheduler). `view()` is pure;
-`fetch()` does the two list calls; `render()` formats the text table.
+inventory annotations (what the device plugins offer), their usage annotations (every slice the
+node handed out, with or without a decision) and the Pods' decision annotations (what
+vgpu-scheduler gave each container, counted until the node publishes it). A GPU's usage is
+vgpu.scheduling.node_usage of both, the arithmetic the scheduler uses: the same numbers. Slices
+no decision names (a pod of another scheduler, or placed before vgpu-scheduler ran) are listed
+as "(no decision)". `view()` is pure; `fetch()` does the two list calls; `render()` formats the
+text table.
 """
 
 from __future__ import annotations
@@ -21,13 +24,42 @@ MiB = 1 << 20
 
 
 class PodOnGPU(msgspec.Struct, kw_only=True):
-    namespace: str
+    namespace: str  # "" with name "(no decision)": slices the node handed out that no decision names
     name: str
     containers: list[str]
     memory: int  # bytes (effective usage of this pod on this GPU)
     cores: int  # percent
     phase: str
     terminating: bool = False
+
+    def add(self, memory: int, cores: int) -> None:
+        self.memory += memory
+        self.cores += cores
+
+
+NO_DECISION = "(no decision)"
+
+
+def _pod_on(
+    mine: dict[tuple[str, str], PodOnGPU], p: dict[str, Any] | None, uid: str, uuid: str, containers: list[str]
+) -> PodOnGPU:
+    key = (uid if p is not None else "", uuid)
+    entry = mine.get(key)
+    if entry is None:
+        meta = (p or {}).get("metadata") or {}
+        entry = mine[key] = PodOnGPU(
+            namespace=meta.get("namespace") or "",
+            name=meta.get("name") or NO_DECISION,
+            containers=[],
+            memory=0,
+            cores=0,
+            phase=((p or {}).get("status") or {}).get("phase") or "",
+            terminating=bool(meta.get("deletionTimestamp")),
+        )
+    for c in containers:
+        if c and c not in entry.containers:
+            entry.containers.append(c)
+    return entry
 
 
 class GPURow(msgspec.Struct, kw_only=True):
@@ -74,6 +106,7 @@ def view(
     inventory annotation, or holding decided pods, are listed."""
     rows: dict[str, NodeRow] = {}
     gpu_rows: dict[tuple[str, str], GPURow] = {}
+    used: dict[str, list[sc.UsedSlice]] = {}  # node -> what it published as handed out
     for n in sorted(nodes, key=lambda n: (n.get("metadata") or {}).get("name") or ""):
         meta = n.get("metadata") or {}
         name = meta.get("name") or ""
@@ -82,6 +115,13 @@ def view(
             continue
         row = NodeRow(name=name, allocatable=sc.node_allocatable(n, resource))
         rows[name] = row
+        text_used = (meta.get("annotations") or {}).get(sc.USAGE_ANNOTATION)
+        if text_used:
+            try:
+                used[name] = sc.decode_usage(text_used).slices
+            except sc.ContractError as e:
+                row.problem = f"invalid usage: {e}"
+                continue
         try:
             inv = sc.decode_inventory(text)
         except sc.ContractError as e:
@@ -109,6 +149,13 @@ def view(
             row.gpus.append(gr)
             gpu_rows[(name, g.uuid)] = gr
     pending = 0
+    live = {
+        str((p.get("metadata") or {}).get("uid") or ""): (p.get("status") or {}).get("phase")
+        not in sc.TERMINATED_PHASES
+        for p in pods
+    }
+    by_uid = {str((p.get("metadata") or {}).get("uid") or ""): p for p in pods}
+    held: dict[str, dict[str, sc.Decision]] = {}  # node -> uid -> decision holding GPUs there
     for p in pods:
         meta = p.get("metadata") or {}
         text = (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION)
@@ -125,28 +172,41 @@ def view(
             continue
         if not bound:
             pending += 1  # decided, reserved by the scheduler, not bound yet
-        row = rows.setdefault(node, NodeRow(name=node, problem="no vGPU inventory"))
-        for uuid, use in sorted(sc.decision_usage(d).items()):
-            held = gpu_rows.get((node, uuid))
-            if held is None:
+        held.setdefault(node, {})[str(meta.get("uid") or "")] = d
+        rows.setdefault(node, NodeRow(name=node, problem="no vGPU inventory"))
+    for node in held.keys() | used.keys():
+        row = rows[node]
+        slices = used.get(node, [])
+        for uuid, use in sorted(sc.node_usage(slices, held.get(node, {}), live).items()):
+            found = gpu_rows.get((node, uuid))
+            if found is None:
                 if uuid not in row.unknown_gpus:
                     row.unknown_gpus.append(uuid)
                 continue
-            gr = held
-            gr.memory_allocated += use.memory
-            gr.cores_allocated += use.cores
-            gr.slots_allocated += use.slots
-            gr.pods.append(
-                PodOnGPU(
-                    namespace=meta.get("namespace") or "",
-                    name=meta.get("name") or "",
-                    containers=[c.name for c in d.containers if any(g.uuid == uuid for g in c.gpus)],
-                    memory=use.memory,
-                    cores=use.cores,
-                    phase=phase,
-                    terminating=bool(meta.get("deletionTimestamp")),
+            found.memory_allocated += use.memory
+            found.cores_allocated += use.cores
+            found.slots_allocated += use.slots
+        # Who holds what: each pod (its unpublished decided containers and its published slices),
+        # and the slices no decision names.
+        done = sc.allocated_containers(slices)
+        mine: dict[tuple[str, str], PodOnGPU] = {}
+        for uid, d in held.get(node, {}).items():
+            p = by_uid[uid]
+            for uuid, u in sc.decision_usage(d, done.get(uid, set())).items():
+                _pod_on(mine, p, uid, uuid, [c.name for c in d.containers if any(g.uuid == uuid for g in c.gpus)]).add(
+                    u.memory, u.cores
                 )
-            )
+        for sl in slices:
+            if not sc.slice_counts(sl, live):
+                continue
+            if sl.pod and sl.pod in by_uid:
+                _pod_on(mine, by_uid[sl.pod], sl.pod, sl.gpu, [sl.container]).add(sl.memory, sl.cores)
+            else:
+                _pod_on(mine, None, sl.pod, sl.gpu, []).add(sl.memory, sl.cores)
+        for (_uid, uuid), entry in mine.items():
+            target = gpu_rows.get((node, uuid))
+            if target is not None:
+                target.pods.append(entry)
     for gr in gpu_rows.values():
         gr.memory_free = max(0, gr.memory - gr.memory_allocated)
         gr.cores_free = max(0, gr.cores - gr.cores_allocated)
@@ -180,10 +240,8 @@ def render(v: ClusterView) -> str:
             )
             for p in g.pods:
                 flag = " terminating" if p.terminating else ""
-                lines.append(
-                    f"       {p.namespace}/{p.name} [{','.join(p.containers)}] "
-                    f"{_mib(p.memory)} MiB {p.cores}% {p.phase or '-'}{flag}"
-                )
+                who = f"{p.namespace}/{p.name} [{','.join(p.containers)}]" if p.namespace else p.name
+                lines.append(f"       {who} {_mib(p.memory)} MiB {p.cores}% {p.phase or '-'}{flag}")
         for u in n.unknown_gpus:
             lines.append(f"  decided GPU {u} is not in the node's inventory")
     if v.pending:

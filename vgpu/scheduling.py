@@ -4,8 +4,17 @@ The device plugin publishes its node's GPUs as the Node annotation `vgpu.k8s.io/
 (`NodeInventory`, version 2); the scheduler records, per pod, which GPUs each container gets and
 how much of them (`Decision`, pod annotation `vgpu.k8s.io/decision`), written at filter time and
 before the Binding. The device plugin honours the decision in Allocate and reports its progress in
-`bind-phase` and `allocated`. The pods' decision annotations are the single source of truth of
-the cluster's vGPU usage: the scheduler rebuilds all of its accounting from them.
+`bind-phase` and `allocated`. The device plugin also publishes what it has handed out
+(`NodeUsage`, Node annotation `vgpu.k8s.io/node-usage`: one entry per vGPU slot in use, tagged
+with the pod UID and container when the slice follows a decision), so slices that no decision names
+(pods placed by another scheduler, or before vgpu-scheduler ran) are counted too. A GPU's usage is
+its published slices plus the decided containers not yet among them (`node_usage`): the scheduler
+and `vgpuctl cluster` both compute it so, from the API objects alone.
+
+Node-level totals (`RESOURCE_NODE_MEM`, `RESOURCE_NODE_CORES`) make GPU memory and compute
+resources kube-scheduler itself counts, so a pod blocked by them reaches preemption: the device
+plugin advertises the node's totals in the Node's status, the webhook adds the container's totals
+(`node_level_requests`) to its requests (docs/scheduler.md, "Preemption").
 """
 
 from __future__ import annotations
@@ -22,12 +31,21 @@ RESOURCE_MEM = "nvidia.com/gpumem"  # MiB per GPU
 RESOURCE_MEM_PERCENT = "nvidia.com/gpumem-percentage"  # percent of each GPU's memory (exclusive with gpumem)
 RESOURCE_CORES = "nvidia.com/gpucores"  # percent of each GPU's compute
 VGPU_RESOURCES = (RESOURCE_GPU, RESOURCE_MEM, RESOURCE_MEM_PERCENT, RESOURCE_CORES)
+# Node-level totals kube-scheduler's NodeResourcesFit counts (extended resources: whole numbers):
+# on the Node, the sum over its GPUs; on a container, its per-GPU ask times its GPU count.
+RESOURCE_NODE_MEM = "vgpu.k8s.io/gpumem-total"  # MiB
+RESOURCE_NODE_CORES = "vgpu.k8s.io/gpucores-total"  # percent of one GPU's compute, summed
+NODE_LEVEL_RESOURCES = (RESOURCE_NODE_MEM, RESOURCE_NODE_CORES)
 
 # Node annotation (device plugin → scheduler).
 INVENTORY_ANNOTATION = "vgpu.k8s.io/node-inventory"
 INVENTORY_VERSION = 2
 DEFAULT_HEARTBEAT_S = 30.0  # the plugin refreshes `heartbeat` this often
 DEFAULT_STALE_AFTER_S = 120.0  # the scheduler offers no GPUs of a node whose heartbeat is older
+
+# Node annotation (device plugin → scheduler, vgpuctl cluster): the slices the node handed out.
+USAGE_ANNOTATION = "vgpu.k8s.io/node-usage"
+USAGE_VERSION = 1
 
 # Pod annotations (scheduler ↔ device plugin).
 DECISION_ANNOTATION = "vgpu.k8s.io/decision"
@@ -117,6 +135,27 @@ class Decision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=Fals
     containers: list[ContainerDecision]
 
 
+class UsedSlice(msgspec.Struct, kw_only=True, gc=False):
+    """One vGPU slot in use on the node: the GPU, the memory limit and compute share of the
+    container holding it, and that container's pod UID and name when it follows a decision."""
+
+    gpu: Uuid
+    memory: Bytes
+    cores: Percent
+    pod: str = ""
+    container: str = ""
+
+
+class NodeUsage(msgspec.Struct, kw_only=True):
+    """`vgpu.k8s.io/node-usage` on the Node (version 1): what the device plugin's allocation
+    records hold now (one slice per vGPU slot; a slot held by several records counts once, for
+    the newest), as of `time`."""
+
+    version: int = USAGE_VERSION
+    time: float
+    slices: list[UsedSlice] = msgspec.field(default_factory=list)
+
+
 class ContractError(ValueError):
     """An annotation that is not a valid document of this contract."""
 
@@ -125,6 +164,7 @@ _encoder = msgspec.json.Encoder()
 _inventory_decoder = msgspec.json.Decoder(NodeInventory)
 _decision_decoder = msgspec.json.Decoder(Decision)
 _allocated_decoder = msgspec.json.Decoder(list[str])
+_usage_decoder = msgspec.json.Decoder(NodeUsage)
 
 
 def encode(obj: msgspec.Struct | list[str]) -> str:
@@ -152,6 +192,17 @@ def decode_decision(text: str | bytes) -> Decision:
     if d.version != DECISION_VERSION:
         raise ContractError(f"{DECISION_ANNOTATION}: version {d.version}, expected {DECISION_VERSION}")
     return d
+
+
+def decode_usage(text: str | bytes) -> NodeUsage:
+    """Parse a node-usage annotation; ContractError when it is not a version-1 document."""
+    try:
+        u = _usage_decoder.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ContractError(f"{USAGE_ANNOTATION}: {e}") from None
+    if u.version != USAGE_VERSION:
+        raise ContractError(f"{USAGE_ANNOTATION}: version {u.version}, expected {USAGE_VERSION}")
+    return u
 
 
 def decode_allocated(text: str | bytes | None) -> list[str]:
@@ -188,16 +239,22 @@ class GPUUse(msgspec.Struct, kw_only=True):
     slots: int = 0
 
 
-def decision_usage(d: Decision) -> dict[str, GPUUse]:
-    """One pod's effective usage per GPU UUID, from its decision alone.
+def decision_usage(d: Decision, allocated: frozenset[str] | set[str] = frozenset()) -> dict[str, GPUUse]:
+    """One pod's effective usage per GPU UUID, from its decision, less the containers in `allocated`
+    (those the node already published: their slices are counted from there).
 
     Per dimension (memory, cores, slots) the larger of any single init container's and the sum of
     the app containers': init containers run one at a time before the app containers (the
     Kubernetes effective-request rule), and the kubelet reuses their devices for the app containers.
+    Once any app container is allocated the init containers have all been (kubelet allocates a
+    pod's containers in order at admission) and hold nothing of their own any more.
     """
     apps: dict[str, GPUUse] = {}
     inits: dict[str, GPUUse] = {}
+    app_done = bool(allocated) and any(c.name in allocated for c in d.containers if not c.init)
     for c in d.containers:
+        if c.name in allocated or (c.init and app_done):
+            continue
         for g in c.gpus:
             if c.init:
                 u = inits.setdefault(g.uuid, GPUUse())
@@ -249,3 +306,127 @@ def offer_problem(inv: NodeInventory, allocatable: int, now: float, stale_after_
     if age > stale_after_s:
         return f"inventory stale (heartbeat {age:.0f} s old > {stale_after_s:.0f} s)"
     return ""
+
+
+# --- one truth for usage (pure; the scheduler and vgpuctl cluster) -------------------------------
+
+
+def slice_counts(s: UsedSlice, pod_live: dict[str, bool] | None) -> bool:
+    """Whether a published slice holds its GPU: untagged ones always (the node says so); one tagged
+    with a pod UID while that pod exists and has not terminated (`pod_live[uid]`; absent: deleted).
+    A pod object is removed only after the kubelet reported its containers stopped (a force
+    deletion is the exception the plugin's record collection catches up with)."""
+    if not s.pod or pod_live is None:
+        return True
+    return pod_live.get(s.pod, False)
+
+
+def allocated_containers(slices: list[UsedSlice]) -> dict[str, set[str]]:
+    """pod UID -> the containers whose slices the node published (decided containers covered)."""
+    out: dict[str, set[str]] = {}
+    for s in slices:
+        if s.pod:
+            out.setdefault(s.pod, set()).add(s.container)
+    return out
+
+
+def node_usage(
+    slices: list[UsedSlice], decisions: dict[str, Decision], pod_live: dict[str, bool] | None = None
+) -> dict[str, GPUUse]:
+    """Per GPU UUID of one node: every published slice that holds (`slice_counts`) plus, for each pod
+    whose decision holds GPUs here (uid -> decision), the decided containers the node has not
+    published yet. A pod with both is counted once per container."""
+    out: dict[str, GPUUse] = {}
+    for s in slices:
+        if slice_counts(s, pod_live):
+            u = out.setdefault(s.gpu, GPUUse())
+            u.memory, u.cores, u.slots = u.memory + s.memory, u.cores + s.cores, u.slots + 1
+    done = allocated_containers(slices)
+    for uid, d in decisions.items():
+        for uuid, x in decision_usage(d, done.get(uid, set())).items():
+            u = out.setdefault(uuid, GPUUse())
+            u.memory, u.cores, u.slots = u.memory + x.memory, u.cores + x.cores, u.slots + x.slots
+    return out
+
+
+# --- node-level totals kube-scheduler counts (pure; device plugin and webhook) ------------------
+MiB = 1 << 20
+
+
+def node_capacity(inv: NodeInventory) -> dict[str, int]:
+    """The Node's RESOURCE_NODE_MEM (MiB) and RESOURCE_NODE_CORES (percent) capacity: the sum over
+    all its GPUs, healthy or not (a smaller capacity could make the kubelet reject running pods on
+    its restart; the extender does not offer unhealthy GPUs anyway)."""
+    return {
+        RESOURCE_NODE_MEM: sum(g.memory_schedulable // MiB for g in inv.gpus),
+        RESOURCE_NODE_CORES: sum(g.cores for g in inv.gpus),
+    }
+
+
+def node_level_requests(count: int, mem_mib: int | None, cores: int | None) -> dict[str, int]:
+    """A container's node-level totals: per-GPU MiB and percent times its GPU count. What the
+    webhook cannot know (no gpumem: the chosen GPU's 1/K slice; a percentage of a GPU not yet
+    chosen) is left out: kube-scheduler then counts less than the extender, never more."""
+    out: dict[str, int] = {}
+    if count > 0 and mem_mib is not None and mem_mib > 0:
+        out[RESOURCE_NODE_MEM] = count * mem_mib
+    if count > 0 and cores is not None and cores > 0:
+        out[RESOURCE_NODE_CORES] = count * cores
+    return out
+
+
+def canonical_quantity(n: int) -> str:
+    """A whole number as the API server stores it (resource.Quantity's canonical DecimalSI form:
+    the largest power of 1000 that leaves an integer, 3000 -> "3k", 4096 -> "4096"), so a value the
+    webhook wrote reads back unchanged (traces: quantities/quantities.json)."""
+    if n < 0:
+        raise ValueError("negative quantity")
+    suffix = ""
+    for s in ("k", "M", "G", "T", "P", "E"):
+        if n == 0 or n % 1000:
+            break
+        n //= 1000
+        suffix = s
+    return f"{n}{suffix}"
+
+
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def node_level_patch(spec: dict[str, Any], wanted: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """JSONPatch operations that make each container's node-level totals (`wanted`: container name
+    -> node_level_requests) its requests and limits, in `spec` (the pod spec as the earlier
+    operations left it). Extended resources need requests == limits; values already right are
+    left alone (a reviewed pod reviewed again gets no operation), values that are wrong or are not
+    wanted (a user's own) are replaced or removed: kube-scheduler must count what the extender
+    will place."""
+    ops: list[dict[str, Any]] = []
+    for key in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(key) or []):
+            want = wanted.get(str(c.get("name") or ""), {})
+            res = c.get("resources")
+            base = f"/spec/{key}/{i}/resources"
+            if res is None:
+                if want:
+                    vals = {k: canonical_quantity(v) for k, v in want.items()}
+                    ops.append({"op": "add", "path": base, "value": {"limits": vals, "requests": dict(vals)}})
+                continue
+            for part in ("limits", "requests"):
+                cur = res.get(part)
+                if cur is None:
+                    if want:
+                        vals = {k: canonical_quantity(v) for k, v in want.items()}
+                        ops.append({"op": "add", "path": f"{base}/{part}", "value": vals})
+                    continue
+                for name in NODE_LEVEL_RESOURCES:
+                    path = f"{base}/{part}/{_esc(name)}"
+                    if name in want:
+                        v = canonical_quantity(want[name])
+                        if name not in cur:
+                            ops.append({"op": "add", "path": path, "value": v})
+                        elif str(cur[name]) != v:
+                            ops.append({"op": "replace", "path": path, "value": v})
+                    elif name in cur:
+                        ops.append({"op": "remove", "path": path})
+    return ops

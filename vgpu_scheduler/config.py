@@ -37,7 +37,10 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     resource_name: str = RESOURCE_GPU
     stale_after_s: PositiveFloat = DEFAULT_STALE_AFTER_S
     node_label_selector: str = ""  # only these Nodes are considered (label selector syntax)
-    conflict_retries: Annotated[int, msgspec.Meta(ge=0)] = 5  # API 409s retried per filter/bind
+    conflict_retries: Annotated[int, msgspec.Meta(ge=0)] = 5  # API 409s retried per bind
+    # A filter's choice is held in memory until kube-scheduler's bind writes it; without a bind
+    # it stops counting after this long (a later bind re-checks it against the usage of then).
+    reservation_ttl_s: PositiveFloat = 30.0
     api_timeout_s: PositiveFloat = 10.0
     # A filter whose ExtenderArgs carry full Nodes (nodeCacheCapable: false) decides on the Node
     # objects given; with simulate_full_nodes it writes nothing (cluster-autoscaler's simulations).

@@ -1,16 +1,21 @@
-"""The kube-scheduler extender verbs: filter, prioritize, bind (wire types and their logic).
+"""The kube-scheduler extender verbs: filter, prioritize, bind, preempt (wire types and their logic).
 
 Wire format: kube-scheduler's extender/v1 types have no json tags, so the keys are the Go field
-names (ExtenderArgs{Pod, Nodes, NodeNames}, ExtenderFilterResult{Nodes, NodeNames, FailedNodes,
-FailedAndUnresolvableNodes, Error}, HostPriorityList [{Host, Score}], ExtenderBindingArgs{PodName,
-PodNamespace, PodUID, Node}, ExtenderBindingResult{Error}); errors travel as HTTP 200 with `Error`.
+names (k8s.io/kube-scheduler/extender/v1/types.go: ExtenderArgs{Pod, Nodes, NodeNames},
+ExtenderFilterResult{Nodes, NodeNames, FailedNodes, FailedAndUnresolvableNodes, Error},
+HostPriorityList [{Host, Score}], ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node},
+ExtenderBindingResult{Error}, ExtenderPreemptionArgs{Pod, NodeNameToVictims,
+NodeNameToMetaVictims}, ExtenderPreemptionResult{NodeNameToMetaVictims}); errors travel as HTTP
+200 with `Error` where the type has one.
 
-No node lock: filter decides under the state's short in-memory lock (a provisional record makes
-the GPUs taken for every later filter at once), then writes the decision with a merge patch
-conditioned on the pod's resourceVersion; a 409 drops the reservation, re-reads the pod and
-decides again. bind re-reads the pod, checks its decision names the node, sets bind-phase and
-bind-time (conditional again) and creates the Binding; when the Binding fails the decision is
-removed so its GPUs are free again. Nothing waits for the kubelet's Allocate (docs/scheduler.md).
+No node lock and no API call in filter: filter decides under the state's short in-memory lock and
+holds its choice there (a reservation: every later filter sees those GPUs taken). Bind re-checks
+that it still fits and creates the Binding with the decision, `bind-phase` and `bind-time` as its
+annotations: kube-apiserver merges them into the pod in the same update that sets nodeName,
+conditioned on the pod's UID and the resourceVersion the filter decided on. One write per pod,
+and a pod is never bound without its decision nor decided without being bound. A reservation
+whose bind never comes stops counting after `reservation_ttl_s`. Nothing waits for the kubelet's
+Allocate (docs/scheduler.md, "Concurrency without a node lock").
 """
 
 from __future__ import annotations
@@ -36,7 +41,32 @@ Obj = dict[str, Any]
 class ExtenderArgs(msgspec.Struct):
     Pod: Obj
     Nodes: Obj | None = None
-    NodeNames: list[str] | None = None
+    # Kept as raw JSON: decoding thousands of names and hashing them into a set costs more than
+    # the filter's whole search; NameSet answers "was this node sent?" on the bytes, and the
+    # list is decoded only when every node is needed (no node fits, prioritize).
+    NodeNames: msgspec.Raw = msgspec.Raw(b"null")
+
+    def node_names(self) -> list[str]:
+        return _names.decode(self.NodeNames) or []
+
+
+_names = msgspec.json.Decoder(list[str] | None)
+
+
+class NameSet:
+    """Membership in a JSON array of node names without decoding it. Node names are DNS
+    subdomains ([a-z0-9.-]), written by JSON encoders without escapes, so `"name"` (quotes
+    included) occurs in the array's bytes iff the name is one of its strings; an array with any
+    escape is decoded instead."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.decoded: set[str] | None = set(_names.decode(raw) or []) if b"\\" in raw else None
+
+    def __contains__(self, name: object) -> bool:
+        if self.decoded is not None:
+            return name in self.decoded
+        return isinstance(name, str) and b'"' + name.encode() + b'"' in self.raw
 
 
 class ExtenderFilterResult(msgspec.Struct):
@@ -63,11 +93,51 @@ class ExtenderBindingResult(msgspec.Struct):
     Error: str = ""
 
 
+class MetaPod(msgspec.Struct):
+    UID: str
+
+
+class MetaVictims(msgspec.Struct):
+    Pods: list[MetaPod] | None = None
+    NumPDBViolations: int = 0
+
+
+class Victims(msgspec.Struct):
+    Pods: list[Obj] | None = None
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(msgspec.Struct):
+    """What kube-scheduler sends (extender.go ProcessPreemption): NodeNameToMetaVictims (UIDs) to
+    a nodeCacheCapable extender, NodeNameToVictims (whole Pods) otherwise; the other is null."""
+
+    Pod: Obj
+    NodeNameToVictims: dict[str, Victims | None] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+
+
+class ExtenderPreemptionResult(msgspec.Struct):
+    """Always MetaVictims (extender.go: "Extender will always return NodeNameToMetaVictims")."""
+
+    NodeNameToMetaVictims: dict[str, MetaVictims] = msgspec.field(default_factory=dict)
+
+
 MAX_PRIORITY = 10
+
+
+class PreemptError(Exception):
+    """The preempt verb cannot answer (not serving): an HTTP error, which kube-scheduler reports."""
 
 
 def _meta(pod: Obj) -> Obj:
     return pod.get("metadata") or {}
+
+
+def _priority(pod: Obj) -> int:
+    try:
+        return int((pod.get("spec") or {}).get("priority") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 class Extender:
@@ -96,87 +166,65 @@ class Extender:
         pod = args.Pod
         full = args.Nodes is not None
         items: list[Obj] = list((args.Nodes or {}).get("items") or []) if full else []
-        names = [(_meta(n).get("name") or "") for n in items] if full else list(args.NodeNames or [])
+        names = [(_meta(n).get("name") or "") for n in items] if full else []
         if not requests.wants_vgpu(pod, self.cfg.resource_name):
-            return self._result(full, items, names, {}, {})
+            return self._result(full, items, names or args.node_names(), {}, {})
         try:
             reqs = requests.container_requests(pod, self.cfg.resource_name)
             opts = requests.pod_options(_meta(pod).get("annotations"), self.cfg.node_policy, self.cfg.gpu_policy)
         except requests.RequestError as e:
-            return self._result(full, items, [], {}, dict.fromkeys(names, f"invalid vGPU request: {e}"))
+            why = f"invalid vGPU request: {e}"
+            return self._result(full, items, [], {}, dict.fromkeys(names or args.node_names(), why))
         if not reqs:
-            return self._result(full, items, names, {}, {})
+            return self._result(full, items, names or args.node_names(), {}, {})
         why = self._serving()
         if why:
             return ExtenderFilterResult(Error=why)
+        uid = _meta(pod).get("uid") or ""
         infos = [snapshot.node_info(n, self.cfg.resource_name) for n in items] if full else None
-        write = not (full and self.cfg.simulate_full_nodes) and self.kube is not None
-        for attempt in range(self.cfg.conflict_retries + 1):
-            uid = _meta(pod).get("uid") or ""
-            with self.state.lock:
-                views = self.state.views(names, infos)
-                usage = self.state.usage_without(uid)
-                gens = None if full else self.state.gens_without(uid)
-                choice = fit.choose(views, usage, reqs, opts, self.cfg, self.state.memo, gens, self.state.epoch)
-                known = {v.name for v in views}
-                failed = {n: f.reason for n, f in choice.failures.items() if not f.unresolvable}
-                unres = {n: f.reason for n, f in choice.failures.items() if f.unresolvable}
-                for n in names:
-                    if n not in known:
-                        unres[n] = "node unknown to vgpu-scheduler"
+        reserve = not (full and self.cfg.simulate_full_nodes)
+        st = self.state
+        with st.lock:
+            st.expire()
+            usage = st.usage_without(uid)
+            gens = None if full else st.gens_without(uid)
+            best: fit.Placement | None = None
+            failed: dict[str, str] = {}
+            unres: dict[str, str] = {}
+            if not full:
+                # The index walk: stops at the first fitting node of each node shape.
+                now = st.clock()
+                best = fit.search(
+                    st.ordered(opts.node_policy),
+                    NameSet(bytes(args.NodeNames)),
+                    lambda n: st.view(n, now),
+                    usage,
+                    st.summary,
+                    reqs,
+                    opts,
+                    self.cfg,
+                    st.memo,
+                    gens,
+                    st.epoch,
+                    extra=st._contrib.get(uid, {}).keys(),
+                )
+            if best is None:
+                # Every node fitted, for the reasons (or the nodes came in the request).
+                names = names or args.node_names()
+                choice = fit.choose(st.views(names, infos), usage, reqs, opts, self.cfg, st.memo, gens, st.epoch)
                 best = choice.best
                 if best is None:
+                    failed = {n: f.reason for n, f in choice.failures.items() if not f.unresolvable}
+                    unres = {n: f.reason for n, f in choice.failures.items() if f.unresolvable}
+                    known = {v.name for v in st.views(names, infos)}
+                    for n in names:
+                        if n not in known:
+                            unres[n] = "node unknown to vgpu-scheduler"
                     return self._result(full, items, [], failed, unres)
-                decision = sc.Decision(node=best.node, time=time.time(), containers=best.containers)
-                if write:
-                    old, old_key = self.state.reserve(pod, decision)
-            if not write:
-                return self._result(full, items, [best.node], failed, unres)
-            assert self.kube is not None
-            ns, name = _meta(pod).get("namespace") or "default", _meta(pod).get("name") or ""
-            if not self.is_leader():
-                # Checked again just before the write: serving may have ended while this filter
-                # computed, and a decision written now could race the next serving replica's
-                # (docs/scheduler.md, "Failover"). Nothing is written; kube-scheduler retries.
-                self.state.rollback(uid, old, old_key)
-                return ExtenderFilterResult(Error="vgpu-scheduler: not the leader")
-            try:
-                answer = self.kube.patch_pod_annotations(
-                    ns,
-                    name,
-                    {
-                        sc.DECISION_ANNOTATION: sc.encode(decision),
-                        sc.BIND_PHASE_ANNOTATION: None,
-                        sc.BIND_TIME_ANNOTATION: None,
-                        sc.ALLOCATED_ANNOTATION: None,
-                    },
-                    _meta(pod).get("resourceVersion"),
-                )
-            except Conflict:
-                self.state.rollback(uid, old, old_key)
-                log.info("filter %s/%s: conflict on write (attempt %d): re-reading", ns, name, attempt + 1)
-                try:
-                    pod = self.kube.get_pod(ns, name)
-                except APIFailure as e:
-                    return ExtenderFilterResult(Error=f"vgpu-scheduler: re-reading pod {ns}/{name}: {e}")
-                continue
-            except NotFound:
-                self.state.rollback(uid, old, old_key)
-                return ExtenderFilterResult(Error=f"vgpu-scheduler: pod {ns}/{name} not found")
-            except APIFailure as e:
-                self.state.rollback(uid, old, old_key)
-                return ExtenderFilterResult(Error=f"vgpu-scheduler: writing the decision of {ns}/{name}: {e}")
-            self.state.apply_pod(answer)
-            if not self.is_leader():
-                # Serving ended while the write was in flight: it may have landed after the next
-                # serving replica relisted, so it must not be bound. Withdraw it (conditional on
-                # the version just written: nothing newer is undone) and let kube-scheduler retry
-                # there. Had it landed while we still served, the next one's relist has it.
-                self._withdraw(ns, name, answer)
-                return ExtenderFilterResult(Error="vgpu-scheduler: not the leader (lost it while writing)")
-            log.info("filter %s/%s: node %s", ns, name, best.node)
-            return self._result(full, items, [best.node], failed, unres)
-        return ExtenderFilterResult(Error=f"vgpu-scheduler: pod kept changing ({self.cfg.conflict_retries} conflicts)")
+            if reserve:
+                st.reserve(pod, sc.Decision(node=best.node, time=time.time(), containers=best.containers))
+        log.debug("filter %s/%s: node %s", _meta(pod).get("namespace"), _meta(pod).get("name"), best.node)
+        return self._result(full, items, [best.node], {}, {})
 
     @staticmethod
     def _result(
@@ -195,11 +243,14 @@ class Extender:
 
     # ----- prioritize -----
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
-        """0..10 per node under the pod's node policy; the node of the pod's decision gets 10."""
+        """0..10 per node under the pod's node policy; the node of the pod's decision gets 10.
+
+        kube-scheduler calls it only when more than one node passed the filters (schedule_one.go
+        schedulePod: "When only one node after predicate, just use it"); filter returns one."""
         pod = args.Pod
         full = args.Nodes is not None
         items: list[Obj] = list((args.Nodes or {}).get("items") or []) if full else []
-        names = [(_meta(n).get("name") or "") for n in items] if full else list(args.NodeNames or [])
+        names = [(_meta(n).get("name") or "") for n in items] if full else args.node_names()
         try:
             reqs = requests.container_requests(pod, self.cfg.resource_name)
             opts = requests.pod_options(_meta(pod).get("annotations"), self.cfg.node_policy, self.cfg.gpu_policy)
@@ -210,8 +261,7 @@ class Extender:
         uid = _meta(pod).get("uid") or ""
         infos = [snapshot.node_info(n, self.cfg.resource_name) for n in items] if full else None
         with self.state.lock:
-            rec = self.state.pods.get(uid)
-            decided = rec.decision.node if rec is not None and rec.decision is not None else ""
+            decided, _d = self.state.holding(uid)
             choice = fit.choose(self.state.views(names, infos), self.state.usage_without(uid), reqs, opts, self.cfg)
         out = []
         for n in names:
@@ -225,93 +275,150 @@ class Extender:
 
     # ----- bind -----
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
-        why = self._serving() if self.is_leader() else "vgpu-scheduler: not the leader"
+        why = self._serving()
         if why:
             return ExtenderBindingResult(Error=why)
         if self.kube is None:
             return ExtenderBindingResult(Error="vgpu-scheduler: no API client")
-        ns, name, node = args.PodNamespace or "default", args.PodName, args.Node
-        fast = self._bind_known(args)
-        if fast is not None:
-            return fast
-        for _attempt in range(self.cfg.conflict_retries + 1):
+        ns, name, node, uid = args.PodNamespace or "default", args.PodName, args.Node, args.PodUID
+        decision, rv, err = self._decision_for(uid, node)
+        if err:
+            return ExtenderBindingResult(Error=err)
+        if decision is None:
+            # Not from this replica's filter: the pod's own annotation (a decision written earlier).
             try:
                 pod = self.kube.get_pod(ns, name)
             except APIFailure as e:
                 return ExtenderBindingResult(Error=f"vgpu-scheduler: reading pod {ns}/{name}: {e}")
             meta = _meta(pod)
-            if args.PodUID and meta.get("uid") != args.PodUID:
+            if uid and meta.get("uid") != uid:
                 return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} has another UID now")
-            vgpu = requests.wants_vgpu(pod, self.cfg.resource_name)
-            if vgpu:
-                text = (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION)
-                try:
-                    d = sc.decode_decision(text) if text else None
-                except sc.ContractError as e:
-                    return ExtenderBindingResult(Error=f"vgpu-scheduler: {e}")
-                if d is None or d.node != node:
-                    where = f"node {d.node}" if d is not None else "no node"
-                    return ExtenderBindingResult(
-                        Error=f"vgpu-scheduler: pod {ns}/{name} has a vGPU decision for {where}, "
-                        f"not {node}; filter again"
-                    )
-                try:
-                    answer = self.kube.patch_pod_annotations(
-                        ns,
-                        name,
-                        {sc.BIND_PHASE_ANNOTATION: sc.PHASE_ALLOCATING, sc.BIND_TIME_ANNOTATION: str(int(time.time()))},
-                        meta.get("resourceVersion"),
-                    )
-                except Conflict:
-                    continue
-                except APIFailure as e:
-                    return ExtenderBindingResult(Error=f"vgpu-scheduler: marking {ns}/{name} allocating: {e}")
-                self.state.apply_pod(answer)
+            uid = meta.get("uid") or ""
+            if not requests.wants_vgpu(pod, self.cfg.resource_name):
+                return self._bind(ns, name, uid, node, None, "")
+            text = (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION)
             try:
-                self.kube.bind(ns, name, meta.get("uid") or "", node)
+                d = sc.decode_decision(text) if text else None
+            except sc.ContractError as e:
+                return ExtenderBindingResult(Error=f"vgpu-scheduler: {e}")
+            if d is None or d.node != node:
+                where = f"node {d.node}" if d is not None else "no node"
+                return ExtenderBindingResult(
+                    Error=f"vgpu-scheduler: pod {ns}/{name} has a vGPU decision for {where}, not {node}; filter again"
+                )
+            decision, rv = d, meta.get("resourceVersion") or ""
+        return self._bind(ns, name, uid, node, decision, rv)
+
+    def _decision_for(self, uid: str, node: str) -> tuple[sc.Decision | None, str, str]:
+        """(decision, resourceVersion to write it on, error) from this replica's reservation; no
+        decision and no error: the slow path asks the API."""
+        if not uid:
+            return None, "", ""
+        st = self.state
+        with st.lock:
+            st.expire()
+            res = st.reservations.get(uid)
+            if res is None or res.decision.node != node:
+                return None, "", ""
+            if not res.counted:
+                st.recount_reservation(uid)  # its bind came after it expired: checked below
+            return res.decision, res.resource_version, ""
+
+    def _still_fits(self, uid: str, d: sc.Decision) -> bool:
+        """The decision fits next to everything else held now (memory, cores, slots per GPU). Call under lock."""
+        view = self.state.view(d.node, self.state.clock())
+        if view is None or view.problem:
+            return False
+        gpus = {g.uuid: g for g in view.gpus if g.healthy}
+        used = self.state.node_usage_without(uid, d.node)
+        for uuid, u in snapshot.decision_usage(d).items():
+            g = gpus.get(uuid)
+            cur = used.get(uuid, snapshot.Use())
+            if g is None or cur.memory + u.memory > g.memory or cur.cores + u.cores > g.cores:
+                return False
+            if cur.slots + u.slots > g.slots:
+                return False
+        return True
+
+    def _bind(
+        self, ns: str, name: str, uid: str, node: str, decision: sc.Decision | None, rv: str
+    ) -> ExtenderBindingResult:
+        """One write: the Binding, carrying the decision, bind-phase and bind-time as annotations
+        (kube-apiserver merges them into the pod with nodeName, conditioned on UID and the
+        resourceVersion the filter decided on: Kube.bind). A pod without vGPU: a plain Binding."""
+        assert self.kube is not None
+        ann: dict[str, str] | None = None
+        if decision is not None:
+            ann = {
+                sc.DECISION_ANNOTATION: sc.encode(decision),
+                sc.BIND_PHASE_ANNOTATION: sc.PHASE_ALLOCATING,
+                sc.BIND_TIME_ANNOTATION: str(int(time.time())),
+            }
+        for attempt in range(self.cfg.conflict_retries + 1):
+            if not self.is_leader():
+                # Checked again just before the write: serving may have ended meanwhile, and a
+                # decision written now could race the next serving replica's (docs/scheduler.md,
+                # "Failover"). Nothing is written; kube-scheduler retries the pod.
+                return ExtenderBindingResult(Error="vgpu-scheduler: not the leader")
+            if decision is not None:
+                with self.state.lock:
+                    # Anything counted since the filter (a slice the node published, a late write
+                    # of another replica) may have taken its GPUs: written only if it still fits.
+                    if not self._still_fits(uid, decision):
+                        self.state.release(uid)
+                        return ExtenderBindingResult(
+                            Error=f"vgpu-scheduler: the GPUs decided for {ns}/{name} on {node} are taken "
+                            "now; filter again"
+                        )
+            try:
+                self.kube.bind(ns, name, uid, node, ann, rv)
+            except Conflict:
+                # The pod changed since the filter saw it (labels, status, another writer): the
+                # choice is still ours to write if the pod is the same one and still unbound.
+                log.info("bind %s/%s: conflict (attempt %d): re-reading", ns, name, attempt + 1)
+                try:
+                    cur = self.kube.get_pod(ns, name)
+                except APIFailure as e:
+                    return ExtenderBindingResult(Error=f"vgpu-scheduler: re-reading pod {ns}/{name}: {e}")
+                meta = _meta(cur)
+                if uid and meta.get("uid") != uid:
+                    self._forget(uid)
+                    return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} has another UID now")
+                bound = (cur.get("spec") or {}).get("nodeName")
+                if bound:
+                    mine = (
+                        ann is None
+                        or (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION) == ann[sc.DECISION_ANNOTATION]
+                    )
+                    if bound == node and mine:
+                        return ExtenderBindingResult()  # a retried bind whose first try went through
+                    self._forget(uid)
+                    return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} is bound to {bound} already")
+                if meta.get("deletionTimestamp"):
+                    self._forget(uid)
+                    return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} is being deleted")
+                rv = meta.get("resourceVersion") or ""
+                continue
+            except NotFound:
+                self._forget(uid)
+                return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} not found")
             except APIFailure as e:
                 bound = self._bound_to(ns, name)
                 if bound == node:
-                    return ExtenderBindingResult()  # a retried bind whose first try went through
-                if vgpu and not bound:
-                    self._release(ns, name)
+                    return ExtenderBindingResult()  # the write landed, its answer did not
+                if not bound:
+                    self._forget(uid)  # nothing was written: its GPUs are free for the next filter
                 return ExtenderBindingResult(Error=f"vgpu-scheduler: binding {ns}/{name} to {node}: {e}")
             log.info("bind %s/%s: node %s", ns, name, node)
             return ExtenderBindingResult()
-        return ExtenderBindingResult(Error=f"vgpu-scheduler: pod {ns}/{name} kept changing")
+        return ExtenderBindingResult(
+            Error=f"vgpu-scheduler: pod {ns}/{name} kept changing ({self.cfg.conflict_retries} conflicts)"
+        )
 
-    def _bind_known(self, args: ExtenderBindingArgs) -> ExtenderBindingResult | None:
-        """Bind from the state's copy of the pod (no GET); None: take the slow path (re-read the pod)."""
-        assert self.kube is not None
-        ns, name, node = args.PodNamespace or "default", args.PodName, args.Node
-        with self.state.lock:
-            rec = self.state.pods.get(args.PodUID) if args.PodUID else None
-            settled = rec is not None and self.state.is_settled(rec.uid)
-        if rec is None or not settled or rec.decision is None or rec.decision.node != node or rec.node:
-            return None
-        if (rec.namespace, rec.name) != (ns, name) or not rec.resource_version:
-            return None
-        try:
-            answer = self.kube.patch_pod_annotations(
-                ns,
-                name,
-                {sc.BIND_PHASE_ANNOTATION: sc.PHASE_ALLOCATING, sc.BIND_TIME_ANNOTATION: str(int(time.time()))},
-                rec.resource_version,
-            )
-        except APIFailure:
-            return None  # changed since (409) or gone: the slow path re-reads and says why
-        self.state.apply_pod(answer)
-        try:
-            self.kube.bind(ns, name, args.PodUID, node)
-        except APIFailure as e:
-            bound = self._bound_to(ns, name)
-            if bound == node:
-                return ExtenderBindingResult()
-            if not bound:
-                self._release(ns, name)
-            return ExtenderBindingResult(Error=f"vgpu-scheduler: binding {ns}/{name} to {node}: {e}")
-        log.info("bind %s/%s: node %s", ns, name, node)
-        return ExtenderBindingResult()
+    def _forget(self, uid: str) -> None:
+        if uid:
+            with self.state.lock:
+                self.state.release(uid)
 
     def _bound_to(self, ns: str, name: str) -> str:
         assert self.kube is not None
@@ -320,29 +427,71 @@ class Extender:
         except APIFailure:
             return "?"
 
-    def _withdraw(self, ns: str, name: str, written: Obj) -> None:
-        """Remove a decision this replica wrote, iff the pod is still at the version written."""
-        assert self.kube is not None
-        try:
-            answer = self.kube.patch_pod_annotations(
-                ns, name, {sc.DECISION_ANNOTATION: None}, _meta(written).get("resourceVersion")
-            )
-            self.state.apply_pod(answer)
-        except APIFailure as e:
-            # Changed since (another replica decided again) or unreachable: a pod left Pending
-            # with this decision only holds its GPUs (never more) until it is filtered again.
-            log.info("withdrawing the decision of %s/%s: %s", ns, name, e)
+    # ----- preempt -----
+    def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        """For each candidate node, the victims whose eviction lets the pod fit on that node's
+        GPUs (fit.select_victims); nodes where no eviction helps are left out.
 
-    def _release(self, ns: str, name: str) -> None:
-        """Remove the decision of a pod whose Binding failed: its GPUs are free for the next filter."""
-        assert self.kube is not None
+        kube-scheduler calls this after its own dry run (preemption.go callExtenders): per node
+        the lower-priority pods its in-tree filters need gone. Our answer may name other pods of
+        that node, and fewer: convertToVictims (extender.go) accepts any pod it has on the node;
+        only pods bound there with a lower priority than the preemptor are named. A node left out
+        is no candidate; an empty victim list would fail the whole preemption ("expected at least
+        one victim pod on node"), so none is sent. Victims are listed most important first, as
+        pickOneNodeForPreemption expects. NumPDBViolations is kube-scheduler's own count for the
+        node, passed through (the extender does not read PodDisruptionBudgets)."""
+        why = self._serving()
+        if why:
+            raise PreemptError(why)
+        pod = args.Pod
+        out = ExtenderPreemptionResult()
+        if not requests.wants_vgpu(pod, self.cfg.resource_name):
+            return out
         try:
-            answer = self.kube.patch_pod_annotations(
-                ns,
-                name,
-                {sc.DECISION_ANNOTATION: None, sc.BIND_PHASE_ANNOTATION: None, sc.BIND_TIME_ANNOTATION: None},
-                None,
-            )
-            self.state.apply_pod(answer)
-        except APIFailure as e:
-            log.warning("releasing the decision of %s/%s: %s", ns, name, e)
+            reqs = requests.container_requests(pod, self.cfg.resource_name)
+            opts = requests.pod_options(_meta(pod).get("annotations"), self.cfg.node_policy, self.cfg.gpu_policy)
+        except requests.RequestError:
+            return out
+        if not reqs:
+            return out
+        proposed: dict[str, tuple[list[str], int]] = {}
+        for node, mv in (args.NodeNameToMetaVictims or {}).items():
+            metas = (mv.Pods or []) if mv is not None else []
+            proposed[node] = ([p.UID for p in metas], mv.NumPDBViolations if mv is not None else 0)
+        for node, v in (args.NodeNameToVictims or {}).items():
+            uids = [str(_meta(p).get("uid") or "") for p in ((v.Pods or []) if v is not None else [])]
+            proposed[node] = ([u for u in uids if u], v.NumPDBViolations if v else 0)
+        uid = _meta(pod).get("uid") or ""
+        prio = _priority(pod)
+        st = self.state
+        with st.lock:
+            st.expire()
+            usage = st.usage_without(uid)
+            now = st.clock()
+            for node, (asked, pdb) in proposed.items():
+                view = st.view(node, now)
+                if view is None:
+                    continue
+                held = st.holders(node)
+                cands: list[fit.Holder] = []
+                for huid, per in held.items():
+                    rec = st.pods.get(huid)
+                    if huid == uid or rec is None or rec.node != node or rec.priority >= prio:
+                        continue
+                    cands.append(fit.Holder(huid, rec.priority, rec.start, rec.deleting, per))
+                keep = []
+                for vuid in asked:
+                    if vuid not in held:
+                        rec = st.pods.get(vuid)
+                        keep.append(fit.Holder(vuid, rec.priority if rec else 0, rec.start if rec else "", False, {}))
+                victims = fit.select_victims(view, usage.get(node, {}), cands, keep, reqs, opts, self.cfg)
+                if victims:
+                    out.NodeNameToMetaVictims[node] = MetaVictims([MetaPod(h.uid) for h in victims], pdb)
+        log.info(
+            "preempt %s/%s: %d of %d candidate node(s) helped by evictions",
+            _meta(pod).get("namespace"),
+            _meta(pod).get("name"),
+            len(out.NodeNameToMetaVictims),
+            len(proposed),
+        )
+        return out

@@ -12,7 +12,10 @@ compute is fully given away (HAMi's rules).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
 
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
@@ -36,7 +39,7 @@ class Placement:
 class Failure:
     node: str
     reason: str
-    unresolvable: bool  # no preemption can help (no inventory, plugin dead, too few GPUs)
+    unresolvable: bool  # no preemption can help (no inventory, plugin dead, GPUs too few or too small)
 
 
 @dataclass(slots=True)
@@ -246,9 +249,267 @@ def choose(
         else:
             r = fit_node(v, usage.get(v.name, empty), reqs, opts, cfg)
         if isinstance(r, Failure):
+            if not r.unresolvable:
+                r = never_fits(v, reqs, opts, cfg, memo) or r
             out.failures[v.name] = r
         else:
             out.placements[v.name] = r
             if out.best is None or (r.preference, out.best.node) > (out.best.preference, r.node):
                 out.best = r
     return out
+
+
+def never_fits(
+    view: NodeView,
+    reqs: list[ContainerRequest],
+    opts: PodOptions,
+    cfg: SchedulerConfig,
+    memo: dict[tuple[object, ...], object] | None = None,
+) -> Failure | None:
+    """An unresolvable Failure when the pod cannot fit on this node even with nothing else on it
+    (GPUs too small, of the wrong type, too few on one NUMA node): evicting pods cannot help, and
+    kube-scheduler must not try (FailedAndUnresolvableNodes → "Preemption is not helpful for
+    scheduling", preemption.go findCandidates). None when it would fit an empty node."""
+    key = ("empty", view.gpus, tuple(reqs), opts)
+    r = memo.get(key) if memo is not None else None
+    if r is None:
+        r = fit_node(view, {}, reqs, opts, cfg)
+        if memo is not None:
+            memo[key] = r
+    if isinstance(r, Failure):
+        return Failure(view.name, f"never fits this node: {r.reason}", True)
+    return None
+
+
+class Summary(Protocol):
+    max_free_mem: int
+    max_free_cores: int
+    gpus_with_slot: int
+
+
+def _quick_reject(s: Summary, reqs: list[ContainerRequest]) -> bool:
+    """True when the node surely cannot take the pod (no GPU with that much free, too few slots);
+    False means only "maybe" (fit_node decides)."""
+    for r in reqs:
+        if r.count > s.gpus_with_slot:
+            return True
+        if r.mem_mib is not None and r.mem_mib * MiB > s.max_free_mem:
+            return True
+        if r.cores is not None and r.cores > s.max_free_cores:
+            return True
+    return False
+
+
+def search(
+    orders: Iterable[list[tuple[float, str]]],
+    allowed: Container[str],
+    view_of: Callable[[str], NodeView | None],
+    usage: dict[str, dict[str, Use]],
+    summary_of: Callable[[str], Summary],
+    reqs: list[ContainerRequest],
+    opts: PodOptions,
+    cfg: SchedulerConfig,
+    memo: dict[tuple[object, ...], object] | None = None,
+    gens: dict[str, int] | None = None,
+    epoch: int = 0,
+    extra: Iterable[str] = (),
+) -> Placement | None:
+    """The best placement among `allowed` nodes, found without fitting every node.
+
+    `orders` are the nodes of each shape (GPU sizes) in the pod's node policy order (state.py's
+    index: binpack most used first, spread least used first; ties by name). All nodes of a shape
+    give the pod the same slices, so the placement score after placing it follows that order: the
+    first node of each list that fits is that shape's best, and the best of those is the best of
+    all, as `choose` would find it. `extra` nodes (those whose usage differs from the index's, the
+    pod's own earlier node) are fitted in any case. Cost: a quick rejection per node passed over
+    (largest free memory and compute on one GPU, GPUs with a free slot) and fit_node for the few
+    that may fit; None when no allowed node fits (the caller then asks `choose` for the reasons).
+    """
+    best: Placement | None = None
+    skip = set(extra)
+    empty: dict[str, Use] = {}
+    shape = (tuple(reqs), opts, epoch)
+
+    def fitted(name: str) -> Placement | None:
+        v = view_of(name)
+        if v is None or v.problem:
+            return None
+        gen = gens.get(name, 0) if memo is not None and gens is not None else -1
+        r: Placement | Failure | None = None
+        if gen >= 0:
+            assert memo is not None
+            key = (name, gen, shape)
+            r = memo.get(key)  # type: ignore[assignment]
+            if r is None:
+                r = fit_node(v, usage.get(name, empty), reqs, opts, cfg)
+                memo[key] = r
+        else:
+            r = fit_node(v, usage.get(name, empty), reqs, opts, cfg)
+        return r if isinstance(r, Placement) else None
+
+    def better(r: Placement) -> bool:
+        return best is None or (r.preference, best.node) > (best.preference, r.node)
+
+    for name in skip:
+        if name in allowed:
+            r = fitted(name)
+            if r is not None and better(r):
+                best = r
+    for lst in orders:
+        for _k, name in lst:
+            # Cheapest test first: the quick rejection reads the index's own data; whether
+            # kube-scheduler sent the node may mean a search in the request's bytes.
+            if name in skip or _quick_reject(summary_of(name), reqs) or name not in allowed:
+                continue
+            r = fitted(name)
+            if r is not None:
+                if better(r):
+                    best = r
+                break
+    return best
+
+
+# ----- preemption (the extender's preempt verb) -----
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A pod that holds GPUs on a node and could be evicted for a higher-priority one."""
+
+    uid: str
+    priority: int
+    start: str  # status.startTime ("" while not started: kube-scheduler takes "now", the newest)
+    deleting: bool
+    held: dict[str, Use]  # GPU UUID -> what it holds there
+    rank: tuple[int, float] = field(default=(0, 0.0), compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rank", (self.priority, -_epoch(self.start)))
+
+
+def importance(h: Holder) -> tuple[int, float]:
+    """kube-scheduler's MoreImportantPod (pkg/scheduler/util/utils.go): higher priority first, then
+    the earlier start time (GetPodStartTime: a pod not started yet counts as starting now). Sorting
+    by this, descending, puts the most important first."""
+    return h.rank
+
+
+def _epoch(t: str) -> float:
+    if not t:
+        return float("inf")
+    try:
+        return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return float("inf")
+
+
+def _without(used: dict[str, Use], victims: Iterable[Holder]) -> dict[str, Use]:
+    out = {k: Use(v.memory, v.cores, v.slots) for k, v in used.items()}
+    for h in victims:
+        for uuid, u in h.held.items():
+            out.setdefault(uuid, Use()).add(u, -1)
+    return out
+
+
+def _cost(vs: list[Holder]) -> tuple[int, int, int]:
+    """What evicting `vs` costs, compared in this order: the highest priority evicted, how many,
+    the sum of their priorities (pods already terminating cost nothing)."""
+    live = [h for h in vs if not h.deleting]
+    return (max((h.priority for h in live), default=-(1 << 62)), len(live), sum(h.priority for h in live))
+
+
+def _room(gpu: GPU, u: Use, mem: int, cores: int) -> bool:
+    """fit_node's per-GPU rule, as arithmetic: a free slot, the memory and the compute, the whole
+    GPU for whole-GPU compute, some compute left for a 0 % ask."""
+    if u.slots >= gpu.slots or gpu.memory - u.memory < mem or gpu.cores - u.cores < cores:
+        return False
+    if cores >= gpu.cores and u.slots > 0:
+        return False
+    return not (cores == 0 and u.cores >= gpu.cores)
+
+
+def _one_gpu(
+    view: NodeView,
+    base: dict[str, Use],
+    cands: list[Holder],
+    req: ContainerRequest,
+    opts: PodOptions,
+    cfg: SchedulerConfig,
+) -> list[Holder] | None:
+    """The cheapest victims for a one-GPU request: each GPU alone, by arithmetic (fit_node's rules);
+    cands are least important first."""
+    best: list[Holder] | None = None
+    zero = Use()
+    on: dict[str, list[Holder]] = {}
+    for h in cands:  # each GPU's holders, least important first
+        for uuid in h.held:
+            on.setdefault(uuid, []).append(h)
+    for gpu in view.gpus:
+        if _allowed(gpu, opts):
+            continue
+        mem, cores = asked(req, gpu, cfg)
+        if mem > gpu.memory or cores > gpu.cores:
+            continue
+        u0 = base.get(gpu.uuid, zero)
+        u = Use(u0.memory, u0.cores, u0.slots)
+        chosen: list[Holder] = []
+        for h in on.get(gpu.uuid, ()):
+            if _room(gpu, u, mem, cores):
+                break
+            chosen.append(h)
+            u.add(h.held[gpu.uuid], -1)
+        if not _room(gpu, u, mem, cores):
+            continue
+        for h in sorted(chosen, key=importance, reverse=True):  # reprieve the most important first
+            x = h.held[gpu.uuid]
+            back = Use(u.memory + x.memory, u.cores + x.cores, u.slots + x.slots)
+            if _room(gpu, back, mem, cores):
+                chosen.remove(h)
+                u = back
+        if best is None or _cost(chosen) < _cost(best):
+            best = chosen
+    return best
+
+
+def select_victims(
+    view: NodeView,
+    used: dict[str, Use],
+    holders: list[Holder],
+    keep: list[Holder],
+    reqs: list[ContainerRequest],
+    opts: PodOptions,
+    cfg: SchedulerConfig,
+) -> list[Holder] | None:
+    """The pods to evict so that the pod fits on this node's GPUs, most important first; None when
+    no eviction of `holders` (the lower-priority pods bound here) makes it fit.
+
+    `keep`: victims kube-scheduler proposed that hold no GPU here (it needs them for other
+    resources, e.g. cpu): they stay victims, and the GPU search starts with them gone. Otherwise
+    the search minimises, over the GPUs the pod could take, first the highest priority evicted,
+    then the number of pods, then the sum of their priorities (kube-scheduler's own order for
+    preemption candidates, preemption.go pickOneNodeForPreemption), then reprieves any chosen pod
+    the pod fits without (most important first, as SelectVictimsOnNode does). A pod that is
+    already terminating costs nothing. A one-GPU request is worked out per GPU by arithmetic and
+    confirmed by fit_node once; others by fit_node over the node. Pure.
+    """
+    if view.problem:
+        return None
+    base = _without(used, keep)
+    if isinstance(fit_node(view, base, reqs, opts, cfg), Placement):
+        return sorted(keep, key=importance, reverse=True) or None
+    cands = sorted(holders, key=lambda h: (not h.deleting, importance(h)))  # least important first
+    if len(reqs) == 1 and reqs[0].count == 1:
+        chosen = _one_gpu(view, base, cands, reqs[0], opts, cfg)
+        if chosen is None or not isinstance(fit_node(view, _without(base, chosen), reqs, opts, cfg), Placement):
+            return None
+        return sorted(chosen + keep, key=importance, reverse=True)
+    if not isinstance(fit_node(view, _without(base, cands), reqs, opts, cfg), Placement):
+        return None  # even with every lower-priority pod gone it does not fit: no eviction helps
+    chosen = []
+    for h in cands:
+        chosen.append(h)
+        if isinstance(fit_node(view, _without(base, chosen), reqs, opts, cfg), Placement):
+            break
+    for h in sorted(chosen, key=importance, reverse=True):  # reprieve the most important first
+        rest = [x for x in chosen if x is not h]
+        if isinstance(fit_node(view, _without(base, rest), reqs, opts, cfg), Placement):
+            chosen = rest
+    return sorted(chosen + keep, key=importance, reverse=True)

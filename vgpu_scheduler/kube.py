@@ -1,8 +1,9 @@
 """The scheduler's API edge: the few Kubernetes calls it makes, as plain JSON dicts.
 
 The kubernetes Python client does the HTTP (auth, TLS, kubeconfig); responses are read raw
-(`_preload_content=False`) and parsed as JSON, which is several times faster than the client's
-model objects for thousands of pods and keeps annotations exactly as stored.
+(`_preload_content=False`) and parsed as JSON (msgspec: plain dicts and lists, a few times
+faster than the json module and many times faster than the client's model objects for thousands
+of pods and nodes), which keeps annotations exactly as stored.
 """
 
 from __future__ import annotations
@@ -14,9 +15,21 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
+
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+
+
+def _decode(data: bytes | str) -> Obj:
+    try:
+        out = msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise APIFailure(0, f"answer is not JSON: {e}") from None
+    if not isinstance(out, dict):
+        raise APIFailure(0, "answer is not a JSON object")
+    return out
 
 
 class APIFailure(Exception):
@@ -89,7 +102,7 @@ class Kube:
             data = resp.data
         except Exception as e:
             raise _failure(e) from None
-        return json.loads(data) if data else {}
+        return _decode(data) if data else {}
 
     # ----- pods and nodes -----
     def list_pods(self) -> tuple[list[Obj], str]:
@@ -124,8 +137,8 @@ class Kube:
             raise _failure(e) from None
         try:
             for line in iter_resp_lines(resp):
-                ev = json.loads(line)
-                et, obj = ev.get("type"), ev.get("object") or {}
+                ev = _decode(line)
+                et, obj = str(ev.get("type") or ""), ev.get("object") or {}
                 if et == "ERROR":
                     code = int(obj.get("code") or 0)
                     if code == 410:
@@ -142,30 +155,32 @@ class Kube:
     def get_pod(self, namespace: str, name: str) -> Obj:
         return self._raw(self.core.read_namespaced_pod, name, namespace)
 
-    def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: dict[str, str | None], resource_version: str | None
-    ) -> Obj:
-        """JSON merge patch of annotations (None removes); a resource_version makes it conditional (409)."""
-        meta: Obj = {"annotations": annotations}
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        annotations: dict[str, str] | None = None,
+        resource_version: str = "",
+    ) -> None:
+        """Create the pod's Binding. kube-apiserver merges the Binding's annotations into the pod in
+        the same update that sets nodeName, with its UID and resourceVersion as preconditions
+        (pkg/registry/core/pod/storage/storage.go BindingREST.setPodNodeAndMetadata): one write
+        that places the pod and records its decision, or neither (409 when the pod changed)."""
+        meta: Obj = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
         if resource_version:
             meta["resourceVersion"] = resource_version
-        return self._raw(
-            self.core.patch_namespaced_pod,
-            name,
-            namespace,
-            {"metadata": meta},
-            _content_type="application/merge-patch+json",
-        )
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        if annotations:
+            meta["annotations"] = annotations
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        if uid:
-            body["metadata"]["uid"] = uid
         self._raw(self.core.create_namespaced_pod_binding, name, namespace, body)
 
     # ----- leases -----

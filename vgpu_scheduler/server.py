@@ -1,6 +1,6 @@
 """HTTP(S) front of the scheduler: the extender verbs, the webhook and health on one port.
 
-Routes: POST /filter, /prioritize, /bind (kube-scheduler extender), POST /webhook
+Routes: POST /filter, /prioritize, /bind, /preempt (kube-scheduler extender), POST /webhook
 (AdmissionReview v1), GET /healthz (process alive), GET /readyz (state synced; 503 otherwise;
 a follower is ready too: kube-scheduler's own leader election decides who calls). `--serve`
 limits the POST routes to the extender verbs or to the webhook (others answer 404).
@@ -34,6 +34,8 @@ from vgpu_scheduler.extender import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    PreemptError,
 )
 from vgpu_scheduler.follow import LeaseFollower
 from vgpu_scheduler.kube import Kube
@@ -47,6 +49,7 @@ MAX_BODY = 32 << 20  # a nodeCacheCapable:false filter carries every Node object
 _enc = msgspec.json.Encoder()
 _args = msgspec.json.Decoder(ExtenderArgs)
 _bind_args = msgspec.json.Decoder(ExtenderBindingArgs)
+_preempt_args = msgspec.json.Decoder(ExtenderPreemptionArgs)
 
 
 class Service:
@@ -119,6 +122,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     timeout = 60  # seconds a connection may stay idle or slow (no thread held forever)
+    # Answers are buffered and sent in one write (handle_one_request flushes wfile): one system
+    # call, and one wait to take the interpreter back after it, less per request (measured as
+    # the larger part of a filter's round trip while binds run, make bench-scheduler).
+    wbufsize = 1 << 16
     service: Service
 
     def log_message(self, fmt: str, *args: Any) -> None:
@@ -154,7 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(n)
         ext = self.service.extender
         path = self._route()
-        if path in ("/filter", "/prioritize", "/bind", "/webhook") and not self.service.serves(path):
+        if path in ("/filter", "/prioritize", "/bind", "/preempt", "/webhook") and not self.service.serves(path):
             # --serve: e.g. the webhook's port is reachable from the cluster network; the extender
             # verbs (which write decisions and Bindings) do not exist there at all.
             why = f"{path} is not served here (--serve {self.service.cfg.serve})"
@@ -182,6 +189,18 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(200, _enc.encode(ExtenderBindingResult(Error=f"bad ExtenderBindingArgs: {e}")))
                     return
                 self._send(200, _enc.encode(ext.bind(bargs)))
+            elif path == "/preempt":
+                # ExtenderPreemptionResult has no Error field: kube-scheduler reports a non-200
+                # answer as the extender's error (extender.go send) and retries the pod.
+                try:
+                    pargs = _preempt_args.decode(body)
+                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                    self._send(400, json.dumps({"Error": f"bad ExtenderPreemptionArgs: {e}"}).encode())
+                    return
+                try:
+                    self._send(200, _enc.encode(ext.preempt(pargs)))
+                except PreemptError as e:
+                    self._send(503, json.dumps({"Error": str(e)}).encode())
             elif path == "/webhook":
                 # The `timeout` query (e.g. 10s) is the API server's deadline; a review takes
                 # milliseconds, so it is not consulted.

@@ -1,25 +1,38 @@
 """The scheduler's view of the cluster, kept from the API (list, then watch; relist on 410).
 
-Usage is never state of its own: it is the sum of the pods' decision annotations
-(`snapshot.usage_of`), maintained incrementally as pods change and rebuilt from a fresh list on
-start, on watch expiry and when a replica becomes leader. A decision being written (filter's
-patch in flight) is a provisional pod record, so concurrent filters already see its GPUs taken;
-the patch's answer or its failure replaces it.
+Usage is never state of its own. Per node it is what the node published as handed out (the
+`vgpu.k8s.io/node-usage` annotation of its device plugin) plus the decisions of the pods holding
+GPUs there that the node has not published yet (vgpu.scheduling.node_usage), plus this replica's
+reservations: a filter's choice is held in memory from the filter until bind writes it (the
+filter makes no API call), and it expires after `reservation_ttl_s` when no bind comes. The sums
+are maintained incrementally per pod and per node, and `recomputed()` derives them from scratch
+(`snapshot.usage_of`): tests and the benchmark check both always agree (`drift_bytes`). They are
+rebuilt from a fresh list on start, on watch expiry and when a replica starts serving (which also
+drops its reservations).
 
 Ordering: every record keeps its object's resourceVersion; an older version (a late watch event
-or a patch answer overtaken by the watch) never replaces a newer one, a provisional record wins
-over the version it was made from, and a deleted pod leaves a tombstone until the next relist so
-a late answer cannot bring it back.
+or a patch answer overtaken by the watch) never replaces a newer one, and a deleted pod leaves a
+tombstone until the next relist so a late answer cannot bring it back. A reservation is kept
+apart from the pod's record, so a newer version of the pod (a label change, a status update)
+does not drop it.
+
+Index: the nodes of one shape (GPU sizes) are kept sorted by their usage fraction, once in
+binpack order (most used first) and once in spread order. For a pod, every node of a shape gives
+the same slices, so the first node of that order that fits is that shape's best placement: the
+filter walks these lists and stops at the first fit instead of fitting every node.
 """
 
 from __future__ import annotations
 
+import bisect
 import gc
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from vgpu import scheduling as sc
 from vgpu_scheduler import snapshot
@@ -31,59 +44,237 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 MAX_TOMBSTONES = 20_000
+GC_FREEZE_S = 10.0
+PerGPU = dict[str, Use]
 
 
-def _rv_key(rv: str, provisional: bool = False) -> tuple[int, int]:
+def _rv_key(rv: str) -> int:
     try:
-        return int(rv), 1 if provisional else 0
+        return int(rv)
     except ValueError:
-        return -1, 0  # not numeric: always replaced
+        return -1  # not numeric: always replaced
+
+
+class Reservation(msgspec.Struct, gc=False):
+    """A filter's choice for a pod, held until bind writes it (or it expires)."""
+
+    decision: sc.Decision
+    expires: float  # monotonic clock
+    resource_version: str  # the pod's version the filter decided on (bind's write is conditioned on it)
+    counted: bool = True  # False once expired: kept a while so a late bind can re-check it
+
+
+class Summary(msgspec.Struct, gc=False):
+    """Quick rejection data of one node at one generation (the filter's walk)."""
+
+    gen: int
+    max_free_mem: int
+    max_free_cores: int
+    gpus_with_slot: int
+
+
+def _add(per: PerGPU, other: PerGPU, sign: int) -> None:
+    for uuid, u in other.items():
+        cur = per.get(uuid)
+        if cur is None:
+            cur = per[uuid] = Use()
+        cur.add(u, sign)
 
 
 class ClusterState:
-    def __init__(self, cfg: SchedulerConfig, kube: Kube | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        kube: Kube | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.cfg = cfg
         self.kube = kube
         self.clock = clock
+        self.monotonic = monotonic
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeInfo] = {}
         self.pods: dict[str, PodRec] = {}
-        self._keys: dict[str, tuple[int, int]] = {}  # uid -> ordering key of the record kept
-        self._tombstones: dict[str, tuple[int, int]] = {}
+        self._keys: dict[str, int] = {}  # uid -> resourceVersion of the record kept
+        self._tombstones: dict[str, int] = {}
+        self.reservations: dict[str, Reservation] = {}  # uid -> (oldest first)
         self.usage: Usage = {}
+        self._contrib: dict[str, dict[str, PerGPU]] = {}  # uid -> node -> what the pod holds there
+        self._on: dict[str, set[str]] = {}  # node -> uids holding something there
+        self._base: dict[str, PerGPU] = {}  # node -> published slices no pod UID is tagged on
+        self._tags: dict[str, dict[str, tuple[PerGPU, set[str]]]] = {}  # node -> uid -> (slices, containers)
+        self._tagged_on: dict[str, set[str]] = {}  # uid -> nodes with slices tagged with it
         # Generation of each node's inputs to fit (its NodeInfo and its usage); with `epoch` it keys
         # the fit memo: an unchanged node is not fitted again for a request shape seen before.
         self.gens: dict[str, int] = {}
         self.epoch = 0
         self.memo: dict[tuple[object, ...], object] = {}
+        self._index: dict[tuple[object, ...], tuple[list[tuple[float, str]], list[tuple[float, str]]]] = {}
+        self._ikey: dict[str, tuple[tuple[object, ...], float]] = {}
+        self._summary: dict[str, Summary] = {}
+        self._views: dict[str, tuple[NodeInfo, NodeView]] = {}
         self.ready = threading.Event()
         self.relists = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    # ----- applying objects (all under the lock) -----
-    def _set(self, uid: str, rec: PodRec | None, key: tuple[int, int]) -> None:
-        old = self.pods.get(uid)
-        if old is not None:
-            self._touch(snapshot.counts(old))
-            snapshot.add_pod(self.usage, old, -1)
-        if rec is None:
-            self.pods.pop(uid, None)
-            self._keys.pop(uid, None)
-        else:
-            self.pods[uid] = rec
-            self._keys[uid] = key
-            self._touch(snapshot.counts(rec))
-            snapshot.add_pod(self.usage, rec, +1)
-
+    # ----- accounting (all under the lock) -----
     def _touch(self, node: str) -> None:
-        if node:
-            self.gens[node] = self.gens.get(node, 0) + 1
+        if not node:
+            return
+        self.gens[node] = self.gens.get(node, 0) + 1
+        self._reindex(node)
 
-    def _new_epoch(self) -> None:
-        self.epoch += 1
-        self.memo.clear()
+    def _pod_live(self, uid: str) -> bool:
+        rec = self.pods.get(uid)
+        return rec is not None and rec.phase not in sc.TERMINATED_PHASES
 
+    def holding(self, uid: str) -> tuple[str, sc.Decision | None]:
+        """(node, decision) whose GPUs the pod holds: its counted reservation, else its API decision."""
+        rec = self.pods.get(uid)
+        res = self.reservations.get(uid)
+        if res is not None and res.counted:
+            if rec is None or (rec.phase not in sc.TERMINATED_PHASES and rec.node in ("", res.decision.node)):
+                return res.decision.node, res.decision
+            return "", None
+        if rec is None:
+            return "", None
+        return snapshot.counts(rec), rec.decision
+
+    def _contribution(self, uid: str) -> dict[str, PerGPU]:
+        out: dict[str, PerGPU] = {}
+        if self._pod_live(uid):
+            for node in self._tagged_on.get(uid, ()):
+                tagged = self._tags.get(node, {}).get(uid)
+                if tagged is not None:
+                    _add(out.setdefault(node, {}), tagged[0], +1)
+        node, d = self.holding(uid)
+        if node and d is not None:
+            tagged = self._tags.get(node, {}).get(uid)
+            part = snapshot.decision_usage(d, tagged[1] if tagged is not None else frozenset())
+            if part:
+                _add(out.setdefault(node, {}), part, +1)
+        return out
+
+    def _recount(self, uid: str, touched: set[str] | None = None) -> None:
+        """Replace the pod's contribution by what it holds now; `touched`: collect the nodes whose
+        usage changed instead of touching them one by one."""
+        nodes: set[str] = set()
+        old = self._contrib.pop(uid, None)
+        if old:
+            for node, per in old.items():
+                _add(self.usage.setdefault(node, {}), per, -1)
+                on = self._on.get(node)
+                if on is not None:
+                    on.discard(uid)
+                nodes.add(node)
+        new = self._contribution(uid)
+        if new:
+            self._contrib[uid] = new
+            for node, per in new.items():
+                _add(self.usage.setdefault(node, {}), per, +1)
+                self._on.setdefault(node, set()).add(uid)
+                nodes.add(node)
+        if touched is not None:
+            touched |= nodes
+        else:
+            for node in nodes:
+                self._touch(node)
+
+    def _set_used(self, name: str, used: sc.NodeUsage | None) -> None:
+        """Replace what node `name` published (its base, its tags) and recount the pods concerned."""
+        base: PerGPU = {}
+        tags: dict[str, tuple[PerGPU, set[str]]] = {}
+        for s in used.slices if used is not None else ():
+            if s.pod:
+                per, names = tags.setdefault(s.pod, ({}, set()))
+                names.add(s.container)
+                _add(per, {s.gpu: Use(s.memory, s.cores, 1)}, +1)
+            else:
+                _add(base, {s.gpu: Use(s.memory, s.cores, 1)}, +1)
+        old_tags = self._tags.get(name, {})
+        if base == self._base.get(name, {}) and tags == old_tags:
+            return
+        _add(self.usage.setdefault(name, {}), self._base.get(name, {}), -1)
+        _add(self.usage[name], base, +1)
+        self._base[name] = base
+        self._tags[name] = tags
+        for uid in old_tags.keys() - tags.keys():
+            self._tagged_on.get(uid, set()).discard(name)
+        for uid in tags:
+            self._tagged_on.setdefault(uid, set()).add(name)
+        # Only a pod whose tags here changed holds something else now (a contribution depends on
+        # the pod's own tags and decision alone).
+        touched = {name}
+        for uid in old_tags.keys() | tags.keys():
+            if old_tags.get(uid) != tags.get(uid):
+                self._recount(uid, touched)
+        for node in touched:
+            self._touch(node)
+
+    # ----- the filter's index -----
+    def _fraction(self, name: str, info: NodeInfo) -> float:
+        tm, tc, ts = info.totals
+        um = uc = us = 0
+        for u in self.usage.get(name, {}).values():
+            um, uc, us = um + u.memory, uc + u.cores, us + u.slots
+        return (um / max(tm, 1) + (uc / tc if tc else 1.0) + us / max(ts, 1)) / 3
+
+    def _unindex(self, name: str) -> None:
+        old = self._ikey.pop(name, None)
+        if old is None:
+            return
+        shape, f = old
+        lists = self._index.get(shape)
+        if lists is None:
+            return
+        for lst, key in ((lists[0], (-f, name)), (lists[1], (f, name))):
+            i = bisect.bisect_left(lst, key)
+            if i < len(lst) and lst[i] == key:
+                del lst[i]
+        if not lists[0]:
+            del self._index[shape]
+
+    def _reindex(self, name: str) -> None:
+        self._unindex(name)
+        info = self.nodes.get(name)
+        if info is None or not info.gpus:
+            return
+        f = self._fraction(name, info)
+        lists = self._index.setdefault(info.shape, ([], []))
+        bisect.insort(lists[0], (-f, name))
+        bisect.insort(lists[1], (f, name))
+        self._ikey[name] = (info.shape, f)
+
+    def ordered(self, policy: str) -> list[list[tuple[float, str]]]:
+        """Per node shape, its indexed nodes in `policy` order (binpack: most used first, ties by
+        name; spread: least used first). The lists are live: iterate under the lock."""
+        k = 0 if policy == sc.POLICY_BINPACK else 1
+        return [lists[k] for lists in self._index.values()]
+
+    def summary(self, name: str) -> Summary:
+        """The node's quick rejection data (largest free memory and compute on one healthy GPU,
+        healthy GPUs with a free slot), cached per generation. Call under lock."""
+        gen = self.gens.get(name, 0)
+        s = self._summary.get(name)
+        if s is not None and s.gen == gen:
+            return s
+        info = self.nodes.get(name)
+        used = self.usage.get(name, {})
+        mm = mc = slots = 0
+        zero = Use()
+        for g in info.gpus if info is not None else ():
+            if not g.healthy:
+                continue
+            u = used.get(g.uuid, zero)
+            if u.slots < g.slots:
+                slots += 1
+                mm, mc = max(mm, g.memory - u.memory), max(mc, g.cores - u.cores)
+        s = self._summary[name] = Summary(gen, mm, mc, slots)
+        return s
+
+    # ----- applying objects (all under the lock) -----
     def apply_pod(self, obj: Obj, deleted: bool = False) -> None:
         rec = snapshot.pod_rec(obj)
         key = _rv_key(rec.resource_version)
@@ -92,7 +283,10 @@ class ClusterState:
             tomb = self._tombstones.get(rec.uid)
             if deleted:
                 if rec.uid in self.pods:
-                    self._set(rec.uid, None, key)
+                    self.pods.pop(rec.uid, None)
+                    self._keys.pop(rec.uid, None)
+                self.reservations.pop(rec.uid, None)
+                self._recount(rec.uid)
                 self._tombstones[rec.uid] = key
                 if len(self._tombstones) > MAX_TOMBSTONES:
                     # A tombstone only has to outlive the late answers of its pod (seconds): the
@@ -100,51 +294,58 @@ class ClusterState:
                     for uid in list(self._tombstones)[: MAX_TOMBSTONES // 2]:
                         del self._tombstones[uid]
                 return
-            if tomb is not None and key[0] >= 0 and key <= tomb:
+            if tomb is not None and key >= 0 and key <= tomb:
                 return
-            if cur is not None and key[0] >= 0 and key < cur:
+            if cur is not None and key >= 0 and key < cur:
                 return
-            self._set(rec.uid, rec, key)
+            self.pods[rec.uid] = rec
+            self._keys[rec.uid] = key
+            res = self.reservations.get(rec.uid)
+            if res is not None and rec.decision == res.decision and rec.node in ("", res.decision.node):
+                del self.reservations[rec.uid]  # written (bind's patch): the API holds it now
+            self._recount(rec.uid)
 
     def apply_node(self, obj: Obj, deleted: bool = False) -> None:
         info = snapshot.node_info(obj, self.cfg.resource_name)
         with self.lock:
-            self._touch(info.name)
             if deleted:
                 self.nodes.pop(info.name, None)
+                self._set_used(info.name, None)
             else:
                 self.nodes[info.name] = info
+                self._set_used(info.name, info.used)
+            self._touch(info.name)
 
     def replace_pods(self, items: list[Obj], list_rv: str = "") -> None:
         """A fresh list (as of list_rv) replaces the records, except where this replica knows better.
 
         Kept: a record newer than its listed version (a watch event or a patch answer applied
-        while the list was in flight, or a provisional reservation) and a record absent from the
-        list but newer than the list itself (created after it). Dropped: a listed pod whose
-        tombstone is newer (deleted after the list). Without a list_rv, the list is the truth.
+        while the list was in flight) and a record absent from the list but newer than the list
+        itself (created after it). Dropped: a listed pod whose tombstone is newer (deleted after
+        the list). Without a list_rv, the list is the truth.
         """
-        lrv = _rv_key(list_rv)[0] if list_rv else -1
+        lrv = _rv_key(list_rv) if list_rv else -1
         with self.lock:
             pods: dict[str, PodRec] = {}
-            keys: dict[str, tuple[int, int]] = {}
+            keys: dict[str, int] = {}
             for obj in items:
                 rec = snapshot.pod_rec(obj)
                 k = _rv_key(rec.resource_version)
                 cur = self._keys.get(rec.uid)
                 tomb = self._tombstones.get(rec.uid)
-                if tomb is not None and lrv >= 0 and k[0] >= 0 and tomb > k:
+                if tomb is not None and lrv >= 0 and k >= 0 and tomb > k:
                     continue
-                if cur is not None and (cur[1] == 1 or lrv >= 0) and k[0] >= 0 and cur > k:
+                if cur is not None and lrv >= 0 and k >= 0 and cur > k:
                     pods[rec.uid], keys[rec.uid] = self.pods[rec.uid], cur
                 else:
                     pods[rec.uid], keys[rec.uid] = rec, k
             for uid, cur in self._keys.items():
-                if uid not in pods and (cur[1] == 1 or (lrv >= 0 and cur[0] > lrv)):
+                if uid not in pods and lrv >= 0 and cur > lrv:
                     pods[uid], keys[uid] = self.pods[uid], cur
             self.pods, self._keys = pods, keys
-            self._tombstones = {u: t for u, t in self._tombstones.items() if lrv >= 0 and t[0] > lrv}
-            self.usage = snapshot.usage_of(list(self.pods.values()))
-            self._new_epoch()
+            self._tombstones = {u: t for u, t in self._tombstones.items() if lrv >= 0 and t > lrv}
+            self.reservations = {u: r for u, r in self.reservations.items() if u in pods}
+            self._rebuild()
         # The relisted records are long-lived and acyclic: move them out of the cyclic GC's full
         # collections, which otherwise walk all of them (100-200 ms pauses measured at 5,000 pods,
         # long enough for a filter to miss its deadline). Collect first so no garbage is frozen.
@@ -157,32 +358,68 @@ class ClusterState:
             for obj in items:
                 info = snapshot.node_info(obj, self.cfg.resource_name)
                 self.nodes[info.name] = info
-            self._new_epoch()
+            self._rebuild()
+        gc.collect()  # as in replace_pods: thousands of long-lived node records out of the GC's walks
+        gc.freeze()
 
-    # ----- reservations (filter) -----
-    def reserve(self, pod: Obj, decision: sc.Decision | None) -> tuple[PodRec | None, tuple[int, int] | None]:
-        """Put a provisional record with `decision` for the pod (None: without one); returns what it replaced."""
+    def _rebuild(self) -> None:
+        """All sums from scratch (after a list). Call under lock."""
+        self.usage, self._contrib, self._on = {}, {}, {}
+        self._base, self._tags, self._tagged_on = {}, {}, {}
+        self._index, self._ikey, self._summary = {}, {}, {}
+        self.epoch += 1
+        self.memo.clear()
+        for name, info in self.nodes.items():
+            self._set_used(name, info.used)
+        for uid in list(self.pods.keys() | self.reservations.keys()):
+            self._recount(uid)
+        for name in self.nodes:
+            self._touch(name)
+
+    # ----- reservations (filter → bind) -----
+    def reserve(self, pod: Obj, decision: sc.Decision) -> None:
+        """Hold `decision` for the pod until bind writes it or `reservation_ttl_s` passes. Call under lock."""
         rec = snapshot.pod_rec(pod)
-        with self.lock:
-            old, old_key = self.pods.get(rec.uid), self._keys.get(rec.uid)
-            new = PodRec(
-                rec.uid, rec.namespace, rec.name, rec.node, rec.phase, rec.deleting, decision, rec.resource_version
-            )
-            # Provisional: newer than the version it was made from and than anything seen, so
-            # no late watch event can drop the reservation while its write is in flight.
-            base = max(_rv_key(rec.resource_version)[0], old_key[0] if old_key else -1)
-            self._set(rec.uid, new, (base, 1))
-            return old, old_key
+        if rec.uid not in self.pods:
+            self.apply_pod(pod)  # the pod's own version (the watch may not have brought it yet)
+        self.reservations.pop(rec.uid, None)  # re-inserted last: the dict stays in expiry order
+        self.reservations[rec.uid] = Reservation(
+            decision, self.monotonic() + self.cfg.reservation_ttl_s, rec.resource_version
+        )
+        self._recount(rec.uid)
 
-    def rollback(self, uid: str, old: PodRec | None, old_key: tuple[int, int] | None) -> None:
-        with self.lock:
-            if self._keys.get(uid, (0, 0))[1] != 1:
-                return  # a newer real version arrived meanwhile: keep it
-            self._set(uid, old, old_key or (-1, 0))
+    def release(self, uid: str) -> None:
+        """Drop the pod's reservation (its bind failed for good). Call under lock."""
+        if self.reservations.pop(uid, None) is not None:
+            self._recount(uid)
 
-    def is_settled(self, uid: str) -> bool:
-        """The record is an API version (not a provisional reservation). Call under lock."""
-        return self._keys.get(uid, (0, 1))[1] == 0
+    def expire(self) -> None:
+        """Reservations whose bind did not come in time stop counting; kept as long again so a late
+        bind can still re-check its decision against the usage of now. Call under lock."""
+        now = self.monotonic()
+        ttl = self.cfg.reservation_ttl_s
+        while self.reservations:
+            uid = next(iter(self.reservations))  # the oldest: the dict is kept in expiry order
+            res = self.reservations[uid]
+            if res.expires > now:
+                break
+            del self.reservations[uid]
+            if res.counted:
+                res.counted = False
+                res.expires = now + ttl
+                self.reservations[uid] = res  # kept as long again, for a late bind to re-check
+                log.info("reservation of pod %s expired (no bind within %.0f s)", uid, ttl)
+            self._recount(uid)
+
+    def recount_reservation(self, uid: str) -> None:
+        """Make an expired reservation count again (bind re-checked it). Call under lock."""
+        res = self.reservations.get(uid)
+        if res is not None and not res.counted:
+            res.counted = True
+            self.reservations.pop(uid)
+            res.expires = self.monotonic() + self.cfg.reservation_ttl_s
+            self.reservations[uid] = res
+            self._recount(uid)
 
     # ----- views -----
     def views(self, names: list[str] | None = None, infos: list[NodeInfo] | None = None) -> list[NodeView]:
@@ -196,35 +433,63 @@ class ClusterState:
                 )
         return [snapshot.node_view(i, now, self.cfg.stale_after_s) for i in infos]
 
+    def view(self, name: str, now: float) -> NodeView | None:
+        """The node's view now: built once per Node version, only the heartbeat's age is checked
+        on each call. Call under lock."""
+        info = self.nodes.get(name)
+        if info is None:
+            return None
+        v = self._views.get(name)
+        if v is None or v[0] is not info:
+            v = self._views[name] = (info, snapshot.node_view(info, now, self.cfg.stale_after_s))
+        view = v[1]
+        if not view.problem and now - view.heartbeat > self.cfg.stale_after_s:
+            return snapshot.node_view(info, now, self.cfg.stale_after_s)
+        return view
+
     def usage_without(self, uid: str) -> Usage:
-        """The usage as if this pod had no decision (a pod being re-filtered frees its old GPUs). Call under lock."""
-        rec = self.pods.get(uid)
-        if rec is None or not snapshot.counts(rec):
+        """The usage as if this pod held nothing (a pod being re-filtered frees its old GPUs). Call under lock."""
+        mine = self._contrib.get(uid)
+        if not mine:
             return self.usage
-        node = snapshot.counts(rec)
-        assert rec.decision is not None
         out = dict(self.usage)
-        per = {k: Use(v.memory, v.cores, v.slots) for k, v in self.usage.get(node, {}).items()}
-        for uuid, u in snapshot.decision_usage(rec.decision).items():
-            per.setdefault(uuid, Use()).add(u, -1)
-        out[node] = per
+        for node, per in mine.items():
+            cur = {k: Use(v.memory, v.cores, v.slots) for k, v in self.usage.get(node, {}).items()}
+            _add(cur, per, -1)
+            out[node] = cur
+        return out
+
+    def node_usage_without(self, uid: str, node: str) -> dict[str, Use]:
+        """One node's usage as if this pod held nothing there. Call under lock."""
+        mine = self._contrib.get(uid, {}).get(node)
+        cur = self.usage.get(node, {})
+        if not mine:
+            return cur
+        out = {k: Use(v.memory, v.cores, v.slots) for k, v in cur.items()}
+        _add(out, mine, -1)
         return out
 
     def gens_without(self, uid: str) -> dict[str, int]:
-        """Node generations for the fit memo, less the node whose usage usage_without() changed. Call under lock."""
-        rec = self.pods.get(uid)
-        node = snapshot.counts(rec) if rec is not None else ""
-        if not node:
+        """Node generations for the fit memo, less the nodes whose usage usage_without() changed. Call under lock."""
+        mine = self._contrib.get(uid)
+        if not mine:
             return self.gens
-        return self.gens | {node: -1}
+        return self.gens | dict.fromkeys(mine, -1)
+
+    def holders(self, node: str) -> dict[str, PerGPU]:
+        """uid -> what each pod holds on `node` (its unpublished decided containers and its
+        published slices). Call under lock."""
+        return {uid: self._contrib[uid][node] for uid in self._on.get(node, ()) if node in self._contrib.get(uid, {})}
 
     def usage_copy(self) -> Usage:
         with self.lock:
-            return {n: {u: Use(x.memory, x.cores, x.slots) for u, x in g.items()} for n, g in self.usage.items()}
+            out = {n: {u: Use(x.memory, x.cores, x.slots) for u, x in g.items()} for n, g in self.usage.items()}
+        return {n: {u: x for u, x in g.items() if x.memory or x.cores or x.slots} for n, g in out.items()}
 
     def recomputed(self) -> Usage:
         with self.lock:
-            return snapshot.usage_of(list(self.pods.values()))
+            reserved = {u: r.decision for u, r in self.reservations.items() if r.counted}
+            return snapshot.usage_of(list(self.pods.values()), list(self.nodes.values()), reserved)
 
     def limits(self) -> tuple[int, int, int]:
         """(most GPUs on one node, most schedulable memory of one GPU, most cores of one GPU) now offered."""
@@ -238,10 +503,13 @@ class ClusterState:
 
     # ----- sync with the API -----
     def resync(self) -> None:
-        """List nodes and pods now (start, leadership, watch expiry)."""
+        """List nodes and pods now (start, leadership, watch expiry); reservations of an earlier
+        term are dropped (their binds are refused while this replica did not serve)."""
         assert self.kube is not None
         nodes, _ = self.kube.list_nodes(self.cfg.node_label_selector)
         pods, rv = self.kube.list_pods()
+        with self.lock:
+            self.reservations = {}
         self.replace_nodes(nodes)
         self.replace_pods(pods, rv)
         self.relists += 1
@@ -272,6 +540,8 @@ class ClusterState:
                         self.apply_pod(obj, deleted=etype == "DELETED")
                     else:
                         self.apply_node(obj, deleted=etype == "DELETED")
+                    if kind == "pods":
+                        self._settle_gc()
                 backoff = 0.2
             except Expired:
                 log.info("%s watch expired: relisting", kind)
@@ -283,6 +553,19 @@ class ClusterState:
                 rv = ""
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    _gc_at = 0.0
+
+    def _settle_gc(self) -> None:
+        """What the state keeps is long-lived and acyclic: every GC_FREEZE_S it leaves the cyclic
+        GC's walks (young garbage collected first). Without it a full collection walks every pod
+        and node record kept since the last relist: pauses of 100+ ms measured at 5,000 nodes,
+        in the middle of filters. Frozen objects are still freed by reference counting."""
+        now = self.monotonic()
+        if now - self._gc_at >= GC_FREEZE_S:
+            self._gc_at = now
+            gc.collect(1)
+            gc.freeze()
 
     _synced_kinds: set[str]
     _wanted: set[str]

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from vgpu import scheduling as sc
 from vgpu_scheduler import requests
 from vgpu_scheduler.config import SchedulerConfig
 
@@ -95,6 +96,12 @@ def mutate(pod: Obj, cfg: SchedulerConfig, limits: Limits) -> list[Obj]:
                     f"container {r.name}: {r.cores}% compute asked; no GPU offers more than {most_cores}%"
                 )
     name = spec.get("schedulerName") or ""
+    ours = not name or name == cfg.scheduler_name or (name == "default-scheduler" and cfg.overwrite_default_scheduler)
+    if ours:
+        # Node-level totals kube-scheduler counts, so a pod blocked by GPU memory or compute
+        # reaches preemption (docs/scheduler.md, "Preemption"); on the pod as the ops so far leave it.
+        want = {r.name: sc.node_level_requests(r.count, r.mem_mib, r.cores) for r in reqs}
+        ops += sc.node_level_patch(after.get("spec") or {}, want)
     if not name or (name == "default-scheduler" and cfg.overwrite_default_scheduler):
         ops.append(
             {

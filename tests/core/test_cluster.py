@@ -152,3 +152,31 @@ def test_unreachable(tmp_path: Path) -> None:
     assert r.returncode == 1 and "vgpuctl: cannot list nodes" in r.stderr and r.stdout == ""
     r = vgpuctl("cluster", "--kubeconfig", str(tmp_path / "absent"))
     assert r.returncode == 1 and "no kubeconfig" in r.stderr
+
+
+def test_published_slices_counted_once(cluster: tuple[KubeAPI, Path]) -> None:
+    """Slices the node handed out: those no decision names count, a decided pod's own counts once."""
+    api, kc = cluster
+    train = api.get("pods", "train")["metadata"]["uid"]
+    used = sc.NodeUsage(
+        time=time.time(),
+        slices=[
+            sc.UsedSlice(gpu=A0, memory=6144 * MiB, cores=10),  # another scheduler's pod: 2 slots
+            sc.UsedSlice(gpu=A0, memory=6144 * MiB, cores=10),
+            sc.UsedSlice(gpu=A0, memory=8192 * MiB, cores=30, pod=train, container="main"),  # train's decision
+            sc.UsedSlice(gpu=A0, memory=7 * GiB, cores=7, pod="gone-uid", container="main"),  # its pod is deleted
+        ],
+    )
+    api.patch("nodes", "node-a", {"metadata": {"annotations": {sc.USAGE_ANNOTATION: sc.encode(used)}}})
+    r = vgpuctl("cluster", "--kubeconfig", str(kc), "--json")
+    assert r.returncode == 0, r.stderr
+    g0 = json.loads(r.stdout)["nodes"][0]["gpus"][0]
+    # 12288 (no decision) + 8192 (train, once) + 1024 (leaving, not published yet)
+    assert (g0["memory_allocated"], g0["cores_allocated"], g0["slots_allocated"]) == (21504 * MiB, 55, 4)
+    assert sorted((p["name"], p["memory"] // MiB) for p in g0["pods"]) == [
+        ("(no decision)", 12288),
+        ("leaving", 1024),
+        ("train", 8192),
+    ]
+    text = vgpuctl("cluster", "--kubeconfig", str(kc)).stdout
+    assert "(no decision) 12288 MiB 20% -" in text

@@ -198,7 +198,10 @@ def test_gpu_selection_strategies(build_dir: Path, tmp_path: Path, strategy: str
         demo.start_plugin()
         pods = demo.admit()
         for p in pods:
-            assert "NVIDIA_VISIBLE_DEVICES" not in p.alloc.envs or strategy == "volume-mounts"
+            # no GPU from the env: volume mounts name them; with CDI only the env is void
+            assert p.alloc.envs["NVIDIA_VISIBLE_DEVICES"] == (
+                "/var/run/nvidia-container-devices" if strategy == "volume-mounts" else "void"
+            )
         demo.run_containers()
         for p in pods:
             assert p.container is not None

@@ -1,6 +1,6 @@
 """End to end with the scheduler: a pod asking `nvidia.com/gpumem: 3072` and `nvidia.com/gpucores: 30`
-goes through the webhook, kube-scheduler's extender calls (filter → prioritize → bind) and the
-kubelet's Allocate, and the container sees 3072 MiB in cuMemGetInfo.
+goes through the webhook, kube-scheduler's extender calls (filter, then bind: one feasible node,
+no prioritize) and the kubelet's Allocate, and the container sees 3072 MiB in cuMemGetInfo.
 
 Real parts: `vgpu-scheduler` (extender + webhook over HTTP) and `vgpu-device-plugin` as processes,
 the Kubernetes API stand-in (tests/support/kubeapi.py, real HTTP) and the kube-scheduler stand-in
@@ -124,7 +124,8 @@ def test_decided_size_reaches_the_container(build_dir: Path, tmp_path: Path) -> 
         assert pod["spec"]["schedulerName"] == "vgpu-scheduler"
         api.create("pods", pod)
 
-        # 4. kube-scheduler's calls: filter (decision written) → prioritize → bind
+        # 4. kube-scheduler's calls: filter (the choice held in memory) → bind (the Binding
+        #    carries the decision)
         ks = KubeScheduler(api.api_client(), [ExtenderConfig(url_prefix=url)])
 
         def scheduled() -> bool:

@@ -23,6 +23,7 @@ from kubernetes import client
 
 from tests.packaging import k8svalidate
 from tests.packaging.test_helm import ROOT, by_kind, render
+from tests.support import traces
 from tests.support.kubeapi import KubeAPI
 from vgpu import certgen
 
@@ -69,6 +70,7 @@ class LeaderElection(msgspec.Struct, forbid_unknown_fields=True):
 
 class Profile(msgspec.Struct, forbid_unknown_fields=True):
     schedulerName: str
+    percentageOfNodesToScore: int | None = None
 
 
 class ManagedResource(msgspec.Struct, forbid_unknown_fields=True):
@@ -117,6 +119,8 @@ def test_off_by_default() -> None:
     # The device plugin may read and annotate its node's pods (decisions) in every install.
     role = one(objects, "ClusterRole", "device-plugin")
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]} in role["rules"]
+    # ... and write its node's node-level GPU totals (vgpu.k8s.io/gpumem-total, gpucores-total)
+    assert {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]} in role["rules"]
 
 
 def test_enabled_render_is_valid() -> None:
@@ -139,16 +143,28 @@ def test_kube_scheduler_configuration() -> None:
     cfg = msgspec.convert(yaml.safe_load(cm["data"]["config.yaml"]), KubeSchedulerConfiguration)
     assert (cfg.apiVersion, cfg.kind) == ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration")
     assert [p.schedulerName for p in cfg.profiles] == ["vgpu-scheduler"]
+    # every feasible node reaches the extender (kube-scheduler's default samples 10 % at 5,000)
+    assert [p.percentageOfNodesToScore for p in cfg.profiles] == [100]
     assert cfg.leaderElection.leaderElect and cfg.leaderElection.resourceNamespace == "kube-system"
     [ext] = cfg.extenders
     assert (ext.filterVerb, ext.prioritizeVerb, ext.bindVerb) == ("filter", "prioritize", "bind")
+    assert ext.preemptVerb == "preempt"  # victims that free a GPU, none that do not (issue 15)
     assert ext.nodeCacheCapable and not ext.enableHTTPS and not ext.ignorable
     assert ext.urlPrefix == "http://127.0.0.1:8090" and ext.httpTimeout == "30s"
     assert {m.name: m.ignoredByScheduler for m in ext.managedResources} == {
         "nvidia.com/gpu": False,  # vGPU slots are node allocatable: kube-scheduler counts them too
+        "vgpu.k8s.io/gpumem-total": False,  # node-level totals: a pod short of them reaches preemption
+        "vgpu.k8s.io/gpucores-total": False,
         "nvidia.com/gpumem": True,
         "nvidia.com/gpumem-percentage": True,
         "nvidia.com/gpucores": True,
+    }
+    # the same extender fields, spelled as the configuration kube-scheduler v1.36 ran with (K2)
+    real = yaml.safe_load(traces.text("extender/kube-scheduler-config-nodecache-true.yaml"))["extenders"][0]
+    ours = yaml.safe_load(cm["data"]["config.yaml"])["extenders"][0]
+    assert set(real) - {"urlPrefix"} <= set(ours)
+    assert {k: ours[k] for k in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb", "nodeCacheCapable")} == {
+        k: real[k] for k in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb", "nodeCacheCapable")
     }
     dep = one(objects, "Deployment", "-scheduler")
     c = containers(dep)
@@ -208,7 +224,9 @@ def test_flags_parse_with_the_real_parser() -> None:
     assert wcfg.serve == "webhook" and not wcfg.leader_elect and not wcfg.follow_lease
     role = one(objects, "Role", "-scheduler-leases")
     assert role["metadata"]["namespace"] == "gpu-system"
-    assert yaml.safe_load(cm["data"]["config.yaml"])["profiles"] == [{"schedulerName": "my-vgpu"}]
+    assert yaml.safe_load(cm["data"]["config.yaml"])["profiles"] == [
+        {"schedulerName": "my-vgpu", "percentageOfNodesToScore": 100}
+    ]
 
 
 def test_webhook_configuration() -> None:

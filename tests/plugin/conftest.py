@@ -139,7 +139,8 @@ def run_cli(
 
 
 class APIServer(BaseHTTPRequestHandler):
-    """A tiny API server stand-in: records PATCHes of Nodes (path, content type, body, auth)."""
+    """A tiny API server stand-in: records PATCHes of Nodes (path, content type, body, auth); a
+    PATCH of the status subresource answers the status it was given."""
 
     patches: list[tuple[str, str, dict, str]] = []
     status = 200
@@ -153,9 +154,9 @@ class APIServer(BaseHTTPRequestHandler):
         if self.status != 200:
             out = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": self.status}).encode()
         else:
-            out = json.dumps(
-                {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, **body["metadata"]}}
-            ).encode()
+            name = self.path.split("/")[4]
+            meta = {"name": name, **(body.get("metadata") or {})}
+            out = json.dumps({"kind": "Node", "apiVersion": "v1", "metadata": meta, **body}).encode()
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))

@@ -164,7 +164,12 @@ def test_node_inventory_follows_health(plugin, kubelet: FakeKubelet, fakegpu, ap
     from device_plugin.inventory import ANNOTATION
 
     def docs() -> list[dict]:
-        return [json.loads(b["metadata"]["annotations"][ANNOTATION]) for _p, _t, b, _a in list(apiserver.patches)]
+        return [
+            json.loads(b["metadata"]["annotations"][ANNOTATION])
+            for path, _t, b, _a in list(apiserver.patches)
+            # not the node-level totals (status subresource) nor a usage-only PATCH
+            if not path.endswith("/status") and ANNOTATION in b["metadata"]["annotations"]
+        ]
 
     plugin("--node-name", "gpu-node-1", "--device-split-count", "4", "--health-recovery-s", "300")
     kubelet.wait_endpoint(timeout=60)

@@ -48,7 +48,7 @@ def test_volume_mounts(kubelet: FakeKubelet, inproc) -> None:
 
 def test_cdi_annotations(kubelet: FakeKubelet, inproc) -> None:
     a, uuids, token = _admit(kubelet, inproc, device_list_strategy=["cdi-annotations"])
-    assert a.envs == {TOKEN_ENV: token}  # all-CDI: no NVIDIA_VISIBLE_DEVICES
+    assert a.envs == {"NVIDIA_VISIBLE_DEVICES": "void", TOKEN_ENV: token}  # all-CDI: the image's `all` is void
     [(key, value)] = [(k, v) for k, v in a.annotations.items() if k != TOKEN_ANNOTATION]
     assert re.fullmatch(r"cdi\.k8s\.io/vgpu-device-plugin_[0-9a-f]{16}", key)
     assert len(key.partition("/")[2]) <= 63
@@ -59,7 +59,8 @@ def test_cdi_annotations(kubelet: FakeKubelet, inproc) -> None:
 def test_cdi_cri_with_kind(kubelet: FakeKubelet, inproc) -> None:
     a, uuids, token = _admit(kubelet, inproc, count=1, device_list_strategy=["cdi-cri"], cdi_kind="example.com/vgpu")
     assert a.cdi_devices == [f"example.com/vgpu={uuids[0]}"]
-    assert a.envs == {TOKEN_ENV: token} and a.annotations == {TOKEN_ANNOTATION: token}
+    assert a.envs == {"NVIDIA_VISIBLE_DEVICES": "void", TOKEN_ENV: token}
+    assert a.annotations == {TOKEN_ANNOTATION: token}
 
 
 def test_combined_as_the_gpu_operator_sets_it(kubelet: FakeKubelet, inproc) -> None:
@@ -74,7 +75,7 @@ def test_combined_as_the_gpu_operator_sets_it(kubelet: FakeKubelet, inproc) -> N
     assert a.cdi_devices == names
     [key] = [k for k in a.annotations if k != TOKEN_ANNOTATION]
     assert key.startswith("nvidia.cdi.k8s.io/vgpu-device-plugin_") and a.annotations[key] == ",".join(names)
-    assert "NVIDIA_VISIBLE_DEVICES" not in a.envs
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
 def test_envvar_and_volume_mounts_volume_wins(kubelet: FakeKubelet, inproc) -> None:
@@ -127,3 +128,21 @@ def test_flag() -> None:
     assert r.returncode != 0
     assert "device_plugin.device_list_strategy" in r.stderr and "nope" in r.stderr
     assert "\n" not in r.stderr.strip()
+
+
+@pytest.mark.parametrize("names", [["cdi-annotations"], ["cdi-cri"], ["cdi-annotations", "cdi-cri"]])
+def test_cdi_only_voids_a_cuda_images_all(kubelet: FakeKubelet, inproc, names: list[str]) -> None:
+    """An nvidia/cuda image's `NVIDIA_VISIBLE_DEVICES=all` comes first in config.json, the response's
+    env after it (containerd CRI, traces containerd-cri/kubelet-pod-cuda-env-image.config.json): the
+    value the runtime reads (the last) names no GPU, so only the CDI names select GPUs."""
+    from runtime_hook import oci
+
+    a, uuids, _token = _admit(kubelet, inproc, count=1, device_list_strategy=names)
+    image_env = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+    spec = {
+        "process": {"env": [*image_env, *(f"{k}={v}" for k, v in a.envs.items())]},
+        "annotations": dict(a.annotations),
+    }
+    assert oci.gpu_requests_outside(spec, set(uuids)) == []
+    spec["process"]["env"] = image_env  # without the response's void: the image's `all` is a request
+    assert oci.gpu_requests_outside(spec, set(uuids))

@@ -73,11 +73,13 @@ def decision_of(api: KubeAPI, name: str, ns: str = "default") -> sc.Decision | N
 
 
 def api_usage(api: KubeAPI) -> dict[str, dict[str, tuple[int, int, int]]]:
-    """Per node and GPU (memory, cores, slots) recomputed from the API's pods (the truth)."""
+    """Per node and GPU (memory, cores, slots) recomputed from the API's pods and the nodes'
+    published usage (the truth)."""
     from vgpu_scheduler import snapshot
 
     recs = [snapshot.pod_rec(p) for p in api.objects("pods")]
-    return _plain(snapshot.usage_of(recs))
+    nodes = [snapshot.node_info(n) for n in api.objects("nodes")]
+    return _plain(snapshot.usage_of(recs, nodes))
 
 
 def _plain(usage: Any) -> dict[str, dict[str, tuple[int, int, int]]]:

@@ -100,6 +100,11 @@ def test_process_serves_filter_and_stops_on_sigterm(kubeapi: KubeAPI, tmp_path: 
         req = urllib.request.Request(url + "/filter", body, {"Content-Type": "application/json"}, method="POST")
         with urllib.request.urlopen(req, timeout=10) as r:
             assert json.loads(r.read())["NodeNames"] == ["n1"]
+        assert decision_of(kubeapi, "p") is None  # filter holds its choice in memory: no API write
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
+        req = urllib.request.Request(url + "/bind", json.dumps(bind).encode(), {}, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.loads(r.read()) == {"Error": ""}
         d = decision_of(kubeapi, "p")
         assert d is not None and d.containers[0].gpus[0].cores == 30
         proc.send_signal(signal.SIGTERM)
@@ -162,6 +167,8 @@ def test_chart_modes_as_processes(kubeapi: KubeAPI, tmp_path: Path) -> None:
             return _post(ext_url + "/filter", args)[1].get("NodeNames") == ["n1"]
 
         wait_for(served, 20, "the follower serves")
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
+        assert _post(ext_url + "/bind", bind) == (200, {"Error": ""})
         assert decision_of(kubeapi, "p") is not None
         code, out = _post(hook_url + "/filter", args)
         assert code == 404 and "not served here" in str(out["Error"])

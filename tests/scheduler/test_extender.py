@@ -24,42 +24,76 @@ def events(api: KubeAPI, pod: str) -> list[str]:
     return [e["message"] for e in api.objects("events") if e["involvedObject"]["name"] == pod]
 
 
+def bind_args(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
+
+
 def test_filter_wire_format_node_names(kubeapi: KubeAPI) -> None:
     kubeapi.create("nodes", gpu_node("small", n=1, mem_gib=16))
     kubeapi.create("nodes", gpu_node("big", n=2, mem_gib=80))
     pod = kubeapi.create("pods", vgpu_pod("p", mem=30000, cores=30))
     with running_scheduler(kubeapi) as s:
+        before = len(kubeapi.requests)
         out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["small", "big", "ghost"]})
         assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
         assert out["NodeNames"] == ["big"] and out["Nodes"] is None and out["Error"] == ""
-        assert out["FailedNodes"] == {
-            "small": f"container main: 0/1 GPUs fit, 1 asked: {uuid('small', 0)}: 16384 MiB free < 30000 MiB asked"
-        }
-        assert out["FailedAndUnresolvableNodes"] == {"ghost": "node unknown to vgpu-scheduler"}
+        # A node was found: kube-scheduler reads no failure reasons then (schedule_one.go).
+        assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}
+        # No API round trip in filter: the choice is held in memory until bind.
+        assert [r for r in kubeapi.requests[before:] if "watch=true" not in r[1]] == []
+        assert decision_of(kubeapi, "p") is None
+        assert post(s.url + "/bind", bind_args(pod, "big")) == {"Error": ""}
         d = decision_of(kubeapi, "p")
         assert d is not None and d.node == "big"
         assert [(c.name, c.init, [(g.memory, g.cores) for g in c.gpus]) for c in d.containers] == [
             ("main", False, [(30000 * MiB, 30)])
         ]
-        # the write was conditional on the pod's resourceVersion: a merge patch carrying it
-        patches = [r for r in kubeapi.requests if r[0] == "PATCH" and "/pods/p" in r[1]]
-        assert patches and "merge-patch+json" in patches[0][2]
+        # bind: one write, the Binding, which carries the decision, bind-phase and bind-time as
+        # annotations (kube-apiserver merges them into the pod with nodeName, conditioned on the
+        # filter's resourceVersion)
+        writes = [r for r in kubeapi.requests[before:] if r[0] != "GET"]  # the watches' are GETs
+        assert [(m, path.rsplit("/", 1)[-1]) for m, path, _ in writes] == [("POST", "binding")]
+        assert kubeapi.get("pods", "p")["spec"]["nodeName"] == "big"
+        ann = kubeapi.get("pods", "p")["metadata"]["annotations"]
+        assert ann[sc.BIND_PHASE_ANNOTATION] == sc.PHASE_ALLOCATING and int(ann[sc.BIND_TIME_ANNOTATION]) > 0
+        # reasons when no node fits: per node, unknown nodes unresolvable
+        pod2 = kubeapi.create("pods", vgpu_pod("q", gpu=2, mem=60000))
+        out = post(s.url + "/filter", {"Pod": pod2, "Nodes": None, "NodeNames": ["small", "big", "ghost"]})
+        assert out["NodeNames"] == []
+        assert out["FailedNodes"] == {
+            "big": f"container main: 1/2 GPUs fit, 2 asked: {uuid('big', 0)}: 51920 MiB free < 60000 MiB asked"
+        }
+        assert out["FailedAndUnresolvableNodes"] == {
+            "ghost": "node unknown to vgpu-scheduler",
+            "small": "node has 1 GPU(s) < 2 asked by one container",
+        }
+        # 90000 MiB never fits an 80 GiB GPU, whatever is evicted: preemption cannot help
+        pod3 = kubeapi.create("pods", vgpu_pod("r", mem=90000))
+        out = post(s.url + "/filter", {"Pod": pod3, "Nodes": None, "NodeNames": ["big"]})
+        assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"]["big"].startswith(
+            "never fits this node: container main: 0/2 GPUs fit, 1 asked: "
+        )
 
 
 def test_filter_with_full_nodes_answers_nodes(kubeapi: KubeAPI) -> None:
     """nodeCacheCapable: false — full Node objects in, a NodeList out; the given objects decide."""
     n1, n2 = gpu_node("a", n=1, mem_gib=8), gpu_node("b", n=1, mem_gib=80)
     pod = kubeapi.create("pods", vgpu_pod("p", mem=10000))
+    uid = pod["metadata"]["uid"]
     with running_scheduler(kubeapi) as s:  # neither node exists in the API: the request carries them
         out = post(s.url + "/filter", {"Pod": pod, "Nodes": {"items": [n1, n2]}, "NodeNames": None})
         assert out["NodeNames"] is None
         assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["b"]
-        assert "8192 MiB free < 10000 MiB asked" in out["FailedNodes"]["a"]
+        assert s.service.state.reservations[uid].decision.node == "b"
+        out = post(s.url + "/filter", {"Pod": pod, "Nodes": {"items": [n1]}, "NodeNames": None})
+        assert out["Nodes"]["items"] == []
+        assert "8192 MiB free < 10000 MiB asked" in out["FailedAndUnresolvableNodes"]["a"]
     with running_scheduler(kubeapi, SchedulerConfig(simulate_full_nodes=True)) as s:
         pod2 = kubeapi.create("pods", vgpu_pod("q", mem=10000))
         out = post(s.url + "/filter", {"Pod": pod2, "Nodes": {"items": [n1, n2]}, "NodeNames": None})
         assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["b"]
-        assert decision_of(kubeapi, "q") is None  # a simulation writes nothing
+        assert s.service.state.reservations == {}  # a simulation holds nothing
 
 
 def test_pod_without_vgpu_passes_through(kubeapi: KubeAPI) -> None:
@@ -100,7 +134,8 @@ def test_full_cycle_filter_prioritize_bind(kubeapi: KubeAPI) -> None:
         kubeapi.create("pods", vgpu_pod("p", mem=8192, cores=30))
         r = ks.schedule_one("default", "p")
         assert r.status == "Scheduled", r.message
-        assert r.calls == ["filter", "prioritize", "bind"]
+        # filter answers one node: kube-scheduler does not prioritize a single feasible node
+        assert r.calls == ["filter", "bind"]
         pod = kubeapi.get("pods", "p")
         ann = pod["metadata"]["annotations"]
         assert pod["spec"]["nodeName"] == r.node
@@ -171,14 +206,17 @@ def test_failed_binding_releases_the_decision(kubeapi: KubeAPI) -> None:
 def test_conflicting_write_is_retried_on_a_fresh_pod(kubeapi: KubeAPI) -> None:
     kubeapi.create("nodes", gpu_node("n1"))
     pod = kubeapi.create("pods", vgpu_pod("p", mem=1024))
-    kubeapi.patch("pods", "p", {"metadata": {"labels": {"changed": "yes"}}})  # the caller's copy is now stale
     with running_scheduler(kubeapi) as s:
         out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})
         assert out["NodeNames"] == ["n1"], out
+        kubeapi.patch("pods", "p", {"metadata": {"labels": {"changed": "yes"}}})  # the filter's copy is now stale
+        before = len(kubeapi.requests)
+        assert post(s.url + "/bind", bind_args(pod, "n1")) == {"Error": ""}
     assert decision_of(kubeapi, "p") is not None
     assert kubeapi.get("pods", "p")["metadata"]["labels"] == {"changed": "yes"}
-    statuses = [r for r in kubeapi.requests if r[0] == "PATCH"]
-    assert len(statuses) == 2  # one 409, one success after a re-read
+    assert kubeapi.get("pods", "p")["spec"]["nodeName"] == "n1"
+    binds = [r for r in kubeapi.requests[before:] if r[0] == "POST" and r[1].endswith("/binding")]
+    assert len(binds) == 2  # one 409 (the filter's resourceVersion), one success after a re-read
 
 
 def test_ignorable_extender_down_and_timeouts(kubeapi: KubeAPI) -> None:

@@ -182,3 +182,44 @@ def test_choose_reports_every_failing_node(policy: str) -> None:
     assert c.best is not None and c.best.node == "b"
     assert "8192 MiB free < 16384 MiB asked" in c.failures["a"].reason
     assert c.failures["c"].unresolvable
+
+
+def test_the_index_walk_finds_what_fitting_every_node_finds() -> None:
+    """fit.search over state.py's index (nodes of one shape sorted by usage, the first fit per
+    shape) chooses the node and GPUs fit.choose chooses by fitting every node, on a mixed cluster
+    filled pod by pod under both policies; and it skips the nodes kube-scheduler did not send."""
+    import random
+
+    from vgpu_scheduler.state import ClusterState
+
+    rng = random.Random(20261202)
+    st = ClusterState(CFG)
+    shapes = [{"n": 8, "mem_gib": 80, "split": 10}, {"n": 4, "mem_gib": 40, "split": 4}, {"n": 2, "mem_gib": 16}]
+    names = [f"n{i:02d}" for i in range(45)]
+    for i, name in enumerate(names):
+        st.apply_node(gpu_node(name, **shapes[i % 3]))  # type: ignore[arg-type]
+    now = time.time()
+    placed = 0
+    for i in range(400):
+        reqs = [
+            req(
+                count=rng.choice((1, 1, 1, 2)), mem=rng.choice((1024, 4096, 8192, 20000)), cores=rng.choice((5, 10, 30))
+            )
+        ]
+        o = opts(rng.choice(("binpack", "spread")), rng.choice(("binpack", "spread")))
+        sent = set(rng.sample(names, 40))
+        with st.lock:
+            got = fit.search(
+                st.ordered(o.node_policy), sent, lambda n: st.view(n, now), st.usage, st.summary, reqs, o, CFG
+            )
+            want = fit.choose(st.views(sorted(sent)), st.usage, reqs, o, CFG).best
+            if want is None:
+                assert got is None
+                continue
+            assert got is not None and got.node in sent
+            assert (got.node, got.containers) == (want.node, want.containers), i
+            pod = {"metadata": {"uid": f"u{i}", "name": f"p{i}", "namespace": "d", "resourceVersion": "1"}}
+            st.reserve(pod, sc.Decision(node=got.node, time=0, containers=got.containers))
+            placed += 1
+    assert placed > 200
+    assert snapshot.drift_bytes(st.usage, st.recomputed()) == 0

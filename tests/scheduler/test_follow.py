@@ -165,6 +165,8 @@ def test_service_in_follow_mode_refuses_until_its_kube_scheduler_leads(kubeapi: 
         assert r.service.state.relists > relists  # rebuilt from the API before serving
         out = post(r.url + "/filter", args)[1]
         assert out["Error"] == "" and out["NodeNames"] == ["n1"]
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": args["Pod"]["metadata"]["uid"], "Node": "n1"}
+        assert post(r.url + "/bind", bind)[1] == {"Error": ""}
         assert decision_of(kubeapi, "p") is not None
         # /readyz says who serves
         with urllib.request.urlopen(r.url + "/readyz", timeout=5) as resp:
@@ -368,35 +370,26 @@ def test_config_rejects_two_gates() -> None:
     assert cfg.serve == "webhook"
 
 
-def test_lead_lost_while_the_decision_is_written_is_withdrawn(kubeapi: KubeAPI) -> None:
-    """The failover window on the old replica: its gate passed, then serving ended during the write."""
+def test_lead_lost_before_the_write_writes_nothing(kubeapi: KubeAPI) -> None:
+    """The failover window on the old replica: its gate passed when bind arrived, serving ended
+    before the write: nothing is written (the Binding is the only write, and it carries the
+    decision: a pod is never bound without it, nor decided without being bound)."""
     kubeapi.create("nodes", gpu_node("n1", n=1, mem_gib=16, split=4))
     kubeapi.create("pods", vgpu_pod("p", mem=8000))
-    kubeapi.create("pods", vgpu_pod("q", mem=8000))
     r = start_scheduler(kubeapi)
     try:
         ext = r.service.extender
-        serving = [True]
-        ext.is_leader = lambda: serving[0]
         assert ext.kube is not None
-        real = ext.kube.patch_pod_annotations
-        calls: list[dict[str, Any]] = []
+        real = ext.kube.bind
+        calls: list[str] = []
 
-        def patch(ns: str, name: str, ann: dict[str, str | None], rv: str | None) -> dict[str, Any]:
-            out = real(ns, name, ann, rv)
-            calls.append(ann)
-            serving[0] = False  # the Lease moved on while this write was in flight
-            return out
+        def bind(*a: Any, **kw: Any) -> None:
+            calls.append(a[1])
+            real(*a, **kw)
 
-        ext.kube.patch_pod_annotations = patch  # type: ignore[method-assign,assignment]
-        args = {"Pod": kubeapi.get("pods", "p"), "Nodes": None, "NodeNames": ["n1"]}
-        out = post(r.url + "/filter", args)[1]
-        assert out["Error"] == "vgpu-scheduler: not the leader (lost it while writing)"
-        assert len(calls) == 2 and calls[1] == {sc.DECISION_ANNOTATION: None}  # the decision, then its withdrawal
-        assert decision_of(kubeapi, "p") is None  # nothing left that could be bound
-        wait_for(lambda: state_usage(r.service) == {} == api_usage(kubeapi), what="nothing held")
-        # lost after the request's first check, before the write: nothing is written at all
-        n = len(calls)
+        ext.kube.bind = bind  # type: ignore[method-assign]
+        pod = kubeapi.get("pods", "p")
+        assert post(r.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})[1]["NodeNames"] == ["n1"]
         asked: list[int] = []
 
         def first_only() -> bool:  # serving at the request's first check, not at the write
@@ -404,8 +397,17 @@ def test_lead_lost_while_the_decision_is_written_is_withdrawn(kubeapi: KubeAPI) 
             return len(asked) == 1
 
         ext.is_leader = first_only
-        out = post(r.url + "/filter", {"Pod": kubeapi.get("pods", "q"), "Nodes": None, "NodeNames": ["n1"]})[1]
-        assert out["Error"] == "vgpu-scheduler: not the leader" and len(calls) == n and len(asked) == 2
-        assert decision_of(kubeapi, "q") is None and state_usage(r.service) == {}
+        body = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
+        out = post(r.url + "/bind", body)[1]
+        assert out["Error"] == "vgpu-scheduler: not the leader" and calls == [] and len(asked) == 2
+        assert decision_of(kubeapi, "p") is None and api_usage(kubeapi) == {}
+        assert not kubeapi.get("pods", "p")["spec"].get("nodeName")
+        # serving again: the same choice is written and bound in one write
+        ext.is_leader = lambda: True
+        assert post(r.url + "/bind", body)[1] == {"Error": ""} and calls == ["p"]
+        d = decision_of(kubeapi, "p")
+        assert d is not None and kubeapi.get("pods", "p")["spec"]["nodeName"] == "n1"
+        assert kubeapi.get("pods", "p")["metadata"]["annotations"][sc.BIND_PHASE_ANNOTATION] == sc.PHASE_ALLOCATING
+        wait_for(lambda: state_usage(r.service) == api_usage(kubeapi) != {}, what="counted once")
     finally:
         r.stop()

@@ -148,6 +148,8 @@ def test_node_whose_plugin_died_or_went_stale_offers_nothing(kubeapi: KubeAPI) -
             s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["dead", "stale", "live", "bad", "none"]}
         )
         assert out["NodeNames"] == ["live"]
+        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["dead", "stale", "bad", "none"]})
+        assert out["NodeNames"] == []
         un = out["FailedAndUnresolvableNodes"]
         assert "device plugin not registered" in un["dead"]
         assert "stale" in un["stale"]
@@ -185,17 +187,24 @@ def test_ordering_of_watch_events_answers_and_lists() -> None:
     st.apply_pod(_pod("a", 10, mem=1000))
     st.apply_pod(_pod("a", 9, mem=9000))  # a late, older event: ignored
     assert st.usage["n1"][g].memory == 1000 * MiB
-    # a reservation made from an old copy (rv 8) survives a late event (rv 9) while its write is in flight
-    old, old_key = st.reserve(
-        _pod("a", 8), sc.decode_decision(_pod("b", 0, mem=2000)["metadata"]["annotations"][sc.DECISION_ANNOTATION])
-    )
-    st.apply_pod(_pod("a", 9, mem=9000))
+    # a reservation (the filter's choice, not written yet) survives newer versions of its pod
+    # (a label change, a status update): bind has not written it yet
+    d2000 = sc.decode_decision(_pod("b", 0, mem=2000)["metadata"]["annotations"][sc.DECISION_ANNOTATION])
+    with st.lock:
+        st.reserve(_pod("a", 10), d2000)
+    st.apply_pod(_pod("a", 11, mem=1000))
     assert st.usage["n1"][g].memory == 2000 * MiB
-    st.rollback("a", old, old_key)
-    assert st.usage["n1"][g].memory == 1000 * MiB
+    # the version bind wrote (its decision) takes the reservation's place; nothing is counted twice
+    written = _pod("a", 12, mem=2000)
+    st.apply_pod(written)
+    assert st.reservations == {} and st.usage["n1"][g].memory == 2000 * MiB
+    with st.lock:
+        st.reserve(_pod("a", 12), d2000)
+        st.release("a")  # its bind failed for good
+    assert st.usage["n1"][g].memory == 2000 * MiB  # what the API holds
     # deleted, then a late patch answer of the same pod: stays deleted
-    st.apply_pod(_pod("a", 12), deleted=True)
-    st.apply_pod(_pod("a", 11))
+    st.apply_pod(_pod("a", 14), deleted=True)
+    st.apply_pod(_pod("a", 13))
     assert st.usage["n1"][g].memory == 0
     # a list taken at rv 20 while the watch applied newer things: c (rv 25) changed, d created, e deleted
     st.apply_pod(_pod("c", 25, mem=3000))
@@ -208,3 +217,38 @@ def test_ordering_of_watch_events_answers_and_lists() -> None:
     # a list without a version is the truth
     st.replace_pods([_pod("x", 1, mem=10)])
     assert sorted(st.pods) == ["x"] and st.usage["n1"][g].memory == 10 * MiB
+
+
+def test_reservation_without_bind_expires_and_a_late_bind_rechecks() -> None:
+    from vgpu_scheduler.config import SchedulerConfig
+    from vgpu_scheduler.state import ClusterState
+
+    now = [1000.0]
+    st = ClusterState(SchedulerConfig(reservation_ttl_s=30), monotonic=lambda: now[0])
+    g = uuid("n1", 0)
+    d = sc.decode_decision(_pod("x", 0, mem=4000)["metadata"]["annotations"][sc.DECISION_ANNOTATION])
+    p = _pod("a", 5)
+    p["metadata"]["annotations"] = {}
+    with st.lock:
+        st.reserve(p, d)
+    assert st.usage["n1"][g].memory == 4000 * MiB
+    now[0] += 29
+    with st.lock:
+        st.expire()
+    assert st.usage["n1"][g].memory == 4000 * MiB
+    now[0] += 2  # no bind within 30 s: the GPUs are free for others
+    with st.lock:
+        st.expire()
+    assert st.usage["n1"][g].memory == 0 and not st.reservations["a"].counted
+    with st.lock:
+        st.recount_reservation("a")  # a late bind found it still fits
+    assert st.usage["n1"][g].memory == 4000 * MiB
+    now[0] += 31
+    with st.lock:
+        st.expire()
+        st.expire()
+    now[0] += 31
+    with st.lock:
+        st.expire()
+    assert "a" not in st.reservations and st.usage["n1"][g].memory == 0
+    assert snapshot.drift_bytes(st.usage, st.recomputed()) == 0

@@ -106,6 +106,12 @@ def test_sets_scheduler_fills_gpu_count_and_revalidates(hook: Running, tls: dict
         "nvidia.com/gpumem": "8192",
         "nvidia.com/gpucores": "30",
         "nvidia.com/gpu": "1",
+        sc.RESOURCE_NODE_MEM: "8192",  # the node-level totals kube-scheduler counts (preemption)
+        sc.RESOURCE_NODE_CORES: "30",
+    }
+    assert out["spec"]["containers"][0]["resources"]["requests"] == {
+        sc.RESOURCE_NODE_MEM: "8192",
+        sc.RESOURCE_NODE_CORES: "30",
     }
     assert out["spec"]["containers"][1] == pod["spec"]["containers"][1]
     again = admit(hook, out, tls)
@@ -117,7 +123,25 @@ def test_init_container_without_resources_block_and_default_scheduler(hook: Runn
     pod["spec"]["initContainers"][0]["resources"] = {"requests": {"nvidia.com/gpucores": "10"}}
     out = applied(pod, admit(hook, pod, tls))
     assert out["spec"]["schedulerName"] == "vgpu-scheduler"
-    assert out["spec"]["initContainers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert out["spec"]["initContainers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": "1",
+        sc.RESOURCE_NODE_CORES: "10",
+    }
+    assert "patch" not in admit(hook, out, tls)
+
+
+def test_node_level_totals_as_the_api_server_stores_them(hook: Running, tls: dict[str, str]) -> None:
+    """The container's totals over its GPUs, in the canonical form the API server stores (3 x 1000
+    MiB = "3k", traces quantities/), replacing a wrong one and removing an unwanted one; a pod the
+    API server defaulted (requests = limits) and stored gets no operation when reviewed again."""
+    limits = {"nvidia.com/gpu": "3", "nvidia.com/gpumem": "1000", sc.RESOURCE_NODE_CORES: "7"}
+    pod = pod_object("p", [("a", limits), ("b", {"nvidia.com/gpu": "1", sc.RESOURCE_NODE_MEM: "1"})])
+    pod["spec"]["containers"][0]["resources"]["requests"] = dict(limits)
+    out = applied(pod, admit(hook, pod, tls))
+    a, b = (c["resources"] for c in out["spec"]["containers"])
+    assert a["limits"][sc.RESOURCE_NODE_MEM] == a["requests"][sc.RESOURCE_NODE_MEM] == "3k"
+    assert sc.RESOURCE_NODE_CORES not in a["limits"] and sc.RESOURCE_NODE_CORES not in a["requests"]
+    assert sc.RESOURCE_NODE_MEM not in b["limits"]  # 1/K of a GPU not chosen yet: not counted in-tree
     assert "patch" not in admit(hook, out, tls)
 
 

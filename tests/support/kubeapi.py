@@ -567,8 +567,37 @@ class KubeAPI:
             cur = self._objects.pop(("pods", namespace, name))
             self._bump("pods", namespace, "DELETED", cur)
 
-    def bind(self, name: str, namespace: str, node: str) -> None:
+    def bind(
+        self,
+        name: str,
+        namespace: str,
+        node: str,
+        annotations: dict[str, str] | None = None,
+        uid: str = "",
+        resource_version: str = "",
+    ) -> None:
+        """pods/binding as kube-apiserver's BindingREST (pkg/registry/core/pod/storage/storage.go
+        setPodNodeAndMetadata): the Binding's UID and resourceVersion are preconditions (409), a
+        pod being deleted or already assigned is refused, the Binding's annotations are merged
+        into the pod's in the same update as nodeName and PodScheduled=True."""
+
         def fn(cur: Obj) -> Obj:
+            if uid and cur["metadata"].get("uid") != uid:
+                raise APIError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on pods/binding "{name}": Precondition failed: UID in '
+                    f"precondition: {uid}, UID in object meta: {cur['metadata'].get('uid')}",
+                )
+            if cur["metadata"].get("deletionTimestamp"):
+                raise APIError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is being deleted, '
+                    "cannot be assigned to a host",
+                )
+            if annotations:
+                cur["metadata"]["annotations"] = {**(cur["metadata"].get("annotations") or {}), **annotations}
             if cur.get("spec", {}).get("nodeName"):
                 raise APIError(
                     409,
@@ -581,7 +610,7 @@ class KubeAPI:
             conds.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()})
             return cur
 
-        self._mutate("pods", namespace, name, fn)
+        self._mutate("pods", namespace, name, fn, rv=resource_version or None)
 
     def list(self, plural: str, ns: str | None, labels: str = "", fields: str = "") -> tuple[list[Obj], int]:
         ls, fs = _parse_selector(labels), _parse_selector(fields)
@@ -734,7 +763,15 @@ class _Handler(BaseHTTPRequestHandler):
                 node = ((body or {}).get("target") or {}).get("name", "")
                 if not node:
                     raise APIError(422, "Invalid", "binding: target.name: Required value")
-                api.bind(r.name, r.namespace or "default", node)
+                bmeta = (body or {}).get("metadata") or {}
+                api.bind(
+                    r.name,
+                    r.namespace or "default",
+                    node,
+                    bmeta.get("annotations"),
+                    bmeta.get("uid") or "",
+                    bmeta.get("resourceVersion") or "",
+                )
                 self._send(
                     201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
                 )

@@ -1,0 +1,155 @@
+"""The CDI spec of a prepared claim, and the CDI device IDs NodePrepareResources returns.
+
+A container that uses a claim gets two CDI devices per allocated GPU share:
+
+- the GPU itself from the NVIDIA toolkit's spec on the node (`nvidia.com/gpu=<uuid>` or
+  `=<index>`: device nodes, driver libraries, NVIDIA's hooks), never from us;
+- `vgpu.k8s.io/claim=<claim-uid>` from a spec of ours, one file per claim,
+  `<cdi_dir>/vgpu.k8s.io-claim_<claim-uid>.json` (the name CDI's GenerateTransientSpecName gives a
+  spec tied to one object), whose edits mount the claim's files (claimstate.py):
+
+  | container path | host path | options |
+  | --- | --- | --- |
+  | /run/vgpu/libvgpu.so | the installed library | ro, nosuid, nodev, bind |
+  | /run/vgpu/limits | <claim>/limits | ro, nosuid, nodev, bind |
+  | /run/vgpu/region | <claim>/region | rw, nosuid, nodev, bind |
+  | /etc/ld.so.preload | <claim>/ld.so.preload | ro, nosuid, nodev, bind |
+
+  and set `VGPU_CLAIM_UID` (informational: the limits come from the host files only).
+
+One device per claim, not per share: CDI's ContainerEdits.Apply (tags.cncf.io/container-device-
+interface pkg/cdi/container-edits.go) replaces any earlier mount at the same container path, so
+two devices mounting /run/vgpu/limits would leave only the last. The claim's files cover every
+GPU of the claim, so every result lists the same device and the duplicates collapse to one set
+of mounts.
+
+Fail closed: a missing spec makes the runtime refuse the container ("unresolvable CDI devices",
+pkg/cdi/cache.go InjectDevices), a missing host file makes runc refuse the mount. A runtime
+without CDI injects neither our device nor NVIDIA's, so the container gets no GPU at all.
+
+Version: "0.5.0", the lowest the content needs (specs-go/version.go: a device name that starts
+with a digit needs 0.5.0; nothing else here is newer) and one every CDI-enabled runtime reads
+(podman 4.3, containerd 1.7 and 2.x, CRI-O).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from vgpu import paths as vpaths
+
+CDI_VERSION = "0.5.0"
+VENDOR = "vgpu.k8s.io"
+CLASS = "claim"
+KIND = f"{VENDOR}/{CLASS}"
+CLAIM_ENV = "VGPU_CLAIM_UID"
+_RO = ["ro", "nosuid", "nodev", "bind"]
+_RW = ["rw", "nosuid", "nodev", "bind"]
+# pkg/parser/parser.go ValidateDeviceName: letters, digits, '_', '-', '.', ':'; alphanumeric at
+# both ends.
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+
+@dataclass(frozen=True)
+class ClaimFiles:
+    library: str
+    limits: str
+    region: str
+    preload: str
+
+
+def device_id(claim_uid: str) -> str:
+    """Our CDI device ID for a claim (`vgpu.k8s.io/claim=<uid>`)."""
+    if not _DEVICE_NAME.fullmatch(claim_uid):
+        raise ValueError(f"not a CDI device name: {claim_uid[:64]!r}")
+    return f"{KIND}={claim_uid}"
+
+
+def nvidia_device_id(kind: str, naming: str, uuid: str, index: int) -> str:
+    """The GPU in the node's NVIDIA CDI spec (nvidia-ctk names devices by index and by UUID)."""
+    return f"{kind}={uuid if naming == 'uuid' else index}"
+
+
+def spec_file_name(claim_uid: str) -> str:
+    # pkg/cdi/spec.go GenerateTransientSpecName(vendor, class, id) = vendor-class_id (+ ".json").
+    return f"{VENDOR}-{CLASS}_{claim_uid}.json"
+
+
+def spec(claim_uid: str, files: ClaimFiles) -> dict[str, Any]:
+    mounts = [
+        {"hostPath": files.library, "containerPath": vpaths.CONTAINER_LIBRARY, "options": _RO},
+        {"hostPath": files.limits, "containerPath": vpaths.CONTAINER_LIMITS, "options": _RO},
+        {"hostPath": files.region, "containerPath": vpaths.CONTAINER_REGION, "options": _RW},
+        {"hostPath": files.preload, "containerPath": vpaths.CONTAINER_PRELOAD, "options": _RO},
+    ]
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": [
+            {
+                "name": claim_uid,
+                "containerEdits": {"env": [f"{CLAIM_ENV}={claim_uid}"], "mounts": mounts},
+            }
+        ],
+        "containerEdits": {},
+    }
+
+
+class SpecDir:
+    """Our claim specs in one CDI spec directory."""
+
+    def __init__(self, cdi_dir: str) -> None:
+        self.cdi_dir = cdi_dir
+
+    def path(self, claim_uid: str) -> str:
+        device_id(claim_uid)  # validates the name
+        return os.path.join(self.cdi_dir, spec_file_name(claim_uid))
+
+    def write(self, claim_uid: str, files: ClaimFiles) -> str:
+        """Write (replace) the claim's spec atomically; returns its path.
+
+        The temporary file has no .json/.yaml extension and a leading dot, so a runtime's CDI
+        cache, which loads only those extensions (pkg/cdi/spec-dirs.go scanSpecDirs), never
+        reads a half-written spec; the rename makes the whole spec appear at once. No fsync:
+        after a crash the plugin rewrites every spec of its checkpoint.
+        """
+        os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
+        path = self.path(claim_uid)
+        data = msgspec.json.encode(spec(claim_uid, files))
+        tmp = os.path.join(self.cdi_dir, f".{spec_file_name(claim_uid)}.tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.rename(tmp, path)
+        return path
+
+    def exists(self, claim_uid: str) -> bool:
+        return os.path.isfile(self.path(claim_uid))
+
+    def remove(self, claim_uid: str) -> None:
+        try:
+            os.unlink(self.path(claim_uid))
+        except FileNotFoundError:
+            pass
+
+    def claims(self) -> list[str]:
+        """Claim UIDs of the specs of ours in the directory."""
+        prefix, suffix = f"{VENDOR}-{CLASS}_", ".json"
+        try:
+            names = os.listdir(self.cdi_dir)
+        except FileNotFoundError:
+            return []
+        return sorted(n[len(prefix) : -len(suffix)] for n in names if n.startswith(prefix) and n.endswith(suffix))

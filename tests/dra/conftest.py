@@ -1,0 +1,86 @@
+"""Fixtures of the DRA plugin tests: a DRA config under tmp_path, simulated GPU inventories,
+the API server stand-in taught the resource.k8s.io/v1 kinds."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from device_plugin.dra.config import DRAConfig
+from device_plugin.dra.inventory import GPU
+from tests.support import kubeapi
+
+NODE = "node-1"
+GIB = 1 << 30
+
+
+def gpus(n: int = 2, memory: int = 16 * GIB) -> list[GPU]:
+    return [
+        GPU(
+            index=i,
+            uuid=f"GPU-{i:08x}-1111-2222-3333-444444444444",
+            product_name="NVIDIA Fake GPU",
+            memory_total=memory,
+            numa_node=0,
+            pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
+            cc_major=8,
+            cc_minor=0,
+            driver_version="580.65.06",
+            cuda_driver_version=12080,
+        )
+        for i in range(n)
+    ]
+
+
+def make_cfg(tmp_path: Path, **kw: object) -> DRAConfig:
+    lib = tmp_path / "libvgpu.so"
+    if not lib.exists():
+        lib.write_bytes(b"\x7fELF placeholder")
+    # Unix socket paths are limited to 107 bytes: the kubelet dir goes under a short name
+    # (a link in /tmp to the test's own directory, removed with it).
+    (tmp_path / "kubelet").mkdir(exist_ok=True)
+    short = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
+    os.rmdir(short)
+    os.symlink(tmp_path / "kubelet", short)
+    _LINKS.append(short)
+    base: dict[str, object] = {
+        "node_name": NODE,
+        "kubelet_dir": str(short),
+        "state_dir": str(tmp_path / "state"),
+        "cdi_dir": str(tmp_path / "cdi"),
+        "library_path": str(lib),
+    }
+    base.update(kw)
+    return DRAConfig(**base)  # type: ignore[arg-type]
+
+
+_LINKS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_links() -> Iterator[None]:
+    yield
+    while _LINKS:
+        _LINKS.pop().unlink(missing_ok=True)
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> DRAConfig:
+    return make_cfg(tmp_path)
+
+
+@pytest.fixture
+def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[kubeapi.KubeAPI]:
+    """The API server stand-in, with the resource.k8s.io/v1 kinds and scopes of types.go
+    (ResourceClaim namespaced; ResourceSlice and DeviceClass cluster-scoped)."""
+    monkeypatch.setitem(kubeapi.KINDS, "resourceclaims", ("ResourceClaim", "resource.k8s.io/v1"))
+    monkeypatch.setitem(kubeapi.KINDS, "resourceslices", ("ResourceSlice", "resource.k8s.io/v1"))
+    monkeypatch.setitem(kubeapi.KINDS, "deviceclasses", ("DeviceClass", "resource.k8s.io/v1"))
+    monkeypatch.setattr(kubeapi, "CLUSTER_SCOPED", kubeapi.CLUSTER_SCOPED | {"resourceslices", "deviceclasses"})
+    with kubeapi.running() as api:
+        api.create("nodes", kubeapi.node_object(NODE))
+        yield api

@@ -1,0 +1,70 @@
+"""Helpers of the DRA plugin tests: a plugin instance in this process (driver + both gRPC
+sockets) and claims allocated the way kube-scheduler would (tests/support/draallocator.py),
+stored in the API server stand-in."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from device_plugin.dra import apiclient, core, slices
+from device_plugin.dra.config import DRAConfig
+from device_plugin.dra.driver import Driver
+from device_plugin.dra.inventory import GPU
+from device_plugin.dra.server import PluginServer
+from tests.dra.conftest import NODE
+from tests.support import draallocator, kubeapi
+from tests.support.drakubelet import Claim
+from vgpu.paths import Paths
+
+
+@dataclass
+class Plugin:
+    driver: Driver
+    server: PluginServer
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.driver.close()
+
+
+def start_plugin(cfg: DRAConfig, gpus: list[GPU], api: kubeapi.KubeAPI | None) -> Plugin:
+    node_core = core.RecordCore(Paths(cfg.state_dir), cfg.driver_name)
+    node_core.ensure_dir()
+    resource_api = apiclient.KubeResourceAPI(api.api_client()) if api is not None else None
+    driver = Driver(cfg, NODE, gpus, node_core, resource_api)
+    driver.recover()
+    server = PluginServer(driver, cfg.registration_socket, cfg.endpoint)
+    server.start()
+    return Plugin(driver, server)
+
+
+class Claims:
+    """Claims allocated from the node's published slices and stored in the API stand-in."""
+
+    def __init__(self, api: kubeapi.KubeAPI, cfg: DRAConfig, gpus: list[GPU]) -> None:
+        self.api = api
+        self.alloc = draallocator.Allocator(slices.build(NODE, gpus, cfg, generation=1))
+        self.n = 0
+
+    def make(
+        self,
+        requests: dict[str, dict[str, str]] | None = None,
+        namespace: str = "default",
+        name: str | None = None,
+        pods: tuple[str, ...] = ("pod-a",),
+    ) -> Claim:
+        """One claim with a result per request name (capacity requests as given)."""
+        self.n += 1
+        results = [self.alloc.allocate(req, caps) for req, caps in (requests or {"gpu": {}}).items()]
+        return self.store(draallocator.claim_object(name or f"claim-{self.n}", namespace, results, pods=pods))
+
+    def store(self, obj: dict[str, Any]) -> Claim:
+        meta = obj["metadata"]
+        got = self.api.create("resourceclaims", obj, meta["namespace"], api_version="resource.k8s.io/v1")
+        return Claim(meta["namespace"], meta["name"], got["metadata"]["uid"])
+
+    def get(self, c: Claim) -> dict[str, Any]:
+        obj: dict[str, Any] = json.loads(json.dumps(self.api.get("resourceclaims", c.name, c.namespace)))
+        return obj

@@ -1,0 +1,182 @@
+"""The ResourceSlice publisher against the API server stand-in (HTTP, the kubernetes client):
+create, no-op, generation bumps on a change (health), repair of a slice changed by someone else,
+409 conflicts, obsolete slices, removal on uninstall, fields the API server drops."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from device_plugin.dra import apiclient
+from device_plugin.dra.config import DRAConfig
+from device_plugin.dra.inventory import GPU
+from device_plugin.dra.publisher import Publisher
+from tests.dra.conftest import NODE, gpus
+from tests.support import kubeapi, resourcevalidation
+
+GPUS = gpus(2)
+
+
+class Node:
+    def __init__(self) -> None:
+        self.gpus: list[GPU] = list(GPUS)
+
+    def __call__(self) -> list[GPU]:
+        return self.gpus
+
+
+def our_slices(kube: kubeapi.KubeAPI) -> list[dict[str, Any]]:
+    return [o for o in kube.objects("resourceslices") if o["spec"]["driver"] == "gpu.vgpu.k8s.io"]
+
+
+def writes(kube: kubeapi.KubeAPI) -> list[tuple[str, str]]:
+    return [(m, p) for m, p, _ in kube.requests if m in ("POST", "PATCH", "PUT", "DELETE") and "resourceslices" in p]
+
+
+@pytest.fixture
+def pub(kube: kubeapi.KubeAPI, cfg: DRAConfig) -> tuple[Publisher, Node]:
+    node = Node()
+    return Publisher(apiclient.KubeResourceAPI(kube.api_client()), cfg, NODE, node), node
+
+
+def test_create_then_nothing_to_do(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+    p, _ = pub
+    assert p.sync()
+    [s] = our_slices(kube)
+    assert s["spec"]["pool"]["generation"] == 1 and len(s["spec"]["devices"]) == 2
+    node_uid = kube.get("nodes", NODE)["metadata"]["uid"]
+    assert s["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
+    ]
+    stored = {k: v for k, v in s.items() if k in ("apiVersion", "kind", "spec")}
+    stored["metadata"] = {"name": s["metadata"]["name"]}
+    assert resourcevalidation.validate(stored) == []
+    n = len(writes(kube))
+    assert p.sync() and p.sync()
+    assert len(writes(kube)) == n  # unchanged: no write at all
+    # Quantities the server canonicalised differently are still equal ("16Gi" vs bytes).
+    kube.patch(
+        "resourceslices",
+        s["metadata"]["name"],
+        {"spec": {"devices": [_bytes(d) for d in s["spec"]["devices"]]}},
+    )
+    assert p.sync() and len(writes(kube)) == n
+
+
+def _bytes(dev: dict[str, Any]) -> dict[str, Any]:
+    d = copy.deepcopy(dev)
+    d["capacity"]["memory"]["value"] = str(16 << 30)
+    return d
+
+
+def test_health_change_bumps_the_generation(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+    p, node = pub
+    p.sync()
+    node.gpus = [GPUS[0], replace(GPUS[1], healthy=False)]
+    assert p.sync()
+    [s] = our_slices(kube)
+    assert s["spec"]["pool"]["generation"] == 2 and [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
+    node.gpus = [replace(g, healthy=False) for g in GPUS]
+    assert p.sync()
+    [s] = our_slices(kube)
+    assert s["spec"]["pool"]["generation"] == 3 and "devices" not in s["spec"]
+    node.gpus = list(GPUS)
+    assert p.sync()
+    [s] = our_slices(kube)
+    assert s["spec"]["pool"]["generation"] == 4 and len(s["spec"]["devices"]) == 2
+
+
+def test_a_slice_changed_by_someone_else_is_repaired(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+    p, _ = pub
+    p.sync()
+    [s] = our_slices(kube)
+    kube.patch("resourceslices", s["metadata"]["name"], {"spec": {"devices": s["spec"]["devices"][:1]}})
+    assert p.sync()
+    [s] = our_slices(kube)
+    assert len(s["spec"]["devices"]) == 2 and s["spec"]["pool"]["generation"] == 2
+
+
+def test_conflict_then_retry(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+    p, node = pub
+    p.sync()
+    node.gpus = GPUS[:1]
+    kube.fail_next("PATCH", r"/resourceslices/", 409)
+    assert not p.sync()
+    assert p.sync()
+    [s] = our_slices(kube)
+    assert [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
+
+
+def test_obsolete_slices_go_and_uninstall_removes_all(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+    p, _ = pub
+    p.sync()
+    [s] = our_slices(kube)
+    old = copy.deepcopy(s)
+    old["metadata"] = {"name": "old-name-of-ours"}
+    kube.create("resourceslices", old, api_version="resource.k8s.io/v1")
+    other = copy.deepcopy(s)
+    other["metadata"] = {"name": "node-2-slice"}
+    other["spec"]["nodeName"] = other["spec"]["pool"]["name"] = "node-2"
+    kube.create("resourceslices", other, api_version="resource.k8s.io/v1")
+    assert p.sync()
+    assert sorted(o["metadata"]["name"] for o in our_slices(kube)) == sorted(["node-2-slice", s["metadata"]["name"]])
+    [mine] = [o for o in our_slices(kube) if o["spec"]["nodeName"] == NODE]
+    assert mine["spec"]["pool"]["generation"] == 2  # a changed pool: a new generation
+    assert p.remove() == 1
+    assert [o["metadata"]["name"] for o in our_slices(kube)] == ["node-2-slice"]
+
+
+class DroppingAPI(apiclient.KubeResourceAPI):
+    """The API server with DRAConsumableCapacity off: it drops allowMultipleAllocations and
+    requestPolicy on write (pkg/registry/resource/resourceslice/strategy.go
+    dropDisabledDRAConsumableCapacityFields)."""
+
+    @staticmethod
+    def _drop(obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        for d in (obj.get("spec") or {}).get("devices") or []:
+            d.pop("allowMultipleAllocations", None)
+            for c in (d.get("capacity") or {}).values():
+                c.pop("requestPolicy", None)
+        return obj
+
+    def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return super().create_slice(self._drop(obj))
+
+    def patch_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return super().patch_slice(name, self._drop(body))
+
+
+def test_fields_dropped_by_the_api_server_do_not_loop(
+    kube: kubeapi.KubeAPI, cfg: DRAConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = Publisher(DroppingAPI(kube.api_client()), cfg, NODE, lambda: GPUS)
+    with caplog.at_level(logging.ERROR):
+        assert p.sync()
+        n = len(writes(kube))
+        assert p.sync() and p.sync()
+    assert len(writes(kube)) == n
+    assert "DRAConsumableCapacity is off" in caplog.text
+    [s] = our_slices(kube)
+    assert s["spec"]["pool"]["generation"] == 1
+
+
+def test_claim_reads_carry_the_clients_credentials(kube: kubeapi.KubeAPI) -> None:
+    ac = kube.api_client()
+    seen: list[dict[str, str]] = []
+    request = ac.rest_client.pool_manager.request
+
+    def spy(method: str, url: str, **kw: Any) -> Any:
+        seen.append(dict(kw.get("headers") or {}))
+        return request(method, url, **kw)
+
+    ac.rest_client.pool_manager.request = spy
+    api = apiclient.KubeResourceAPI(ac)
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 404 and "not found" in e.value.message
+    assert seen[-1]["authorization"] == "Bearer test-token" and seen[-1]["Accept"] == "application/json"

@@ -1,0 +1,79 @@
+"""device_plugin.dra.quantity against the recorded kube-apiserver (K3: what it stored for each
+quantity it was sent) and against the kubernetes client's own parser."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kubernetes.utils.quantity import parse_quantity
+
+from device_plugin.dra import quantity
+from tests.support import traces
+
+CASES = traces.load_json("quantities/quantities.json")["cases"]
+
+
+def _sent_and_stored() -> list[tuple[object, str]]:
+    out = []
+    for c in CASES:
+        if c["http_status"] != 201:
+            continue
+        sent = json.loads(c["sent_resources_json"])["limits"]
+        for key, stored in c["stored_limits"].items():
+            out.append((sent[key], stored))
+    return out
+
+
+@pytest.mark.parametrize(("sent", "stored"), _sent_and_stored())
+def test_value_of_what_was_sent_is_the_value_the_api_server_stored(sent: object, stored: str) -> None:
+    text = sent if isinstance(sent, str) else json.dumps(sent)
+    assert quantity.parse(text) == quantity.parse(stored)
+
+
+@pytest.mark.parametrize(("sent", "stored"), _sent_and_stored())
+def test_canonical_text_is_what_the_api_server_stored(sent: object, stored: str) -> None:
+    # A number (JSON) or a suffix-less string is DecimalSI, "Gi"/"Mi" strings are BinarySI;
+    # "1e3" keeps its exponent form (DecimalExponent), which we never write.
+    text = sent if isinstance(sent, str) else json.dumps(sent)
+    v = quantity.parse(text)
+    if "e" in text.lower() or v.denominator != 1:
+        pytest.skip("we only ever write integers in DecimalSI or BinarySI")
+    fmt = quantity.format_binary if text.endswith("i") else quantity.format_decimal
+    assert fmt(int(v)) == stored
+
+
+def test_rejected_texts() -> None:
+    for bad in ("", "abc", "1Q", "1.5.3", "1e", "1Gb", "1 Gi"):
+        with pytest.raises(quantity.QuantityError):
+            quantity.parse(bad)
+    # parseQuantityString takes a missing number as 0 ("Gi", "+", "."), and so do we.
+    assert quantity.parse("Gi") == quantity.parse("+") == quantity.parse(".") == 0
+
+
+def test_value_rounds_up_as_quantity_value() -> None:
+    assert quantity.value("500m") == 1
+    assert quantity.value("1500m") == 2
+    assert quantity.value("6Gi") == 6 << 30
+    assert quantity.value("6G") == 6_000_000_000
+    assert quantity.value("1.5Gi") == 3 << 29
+
+
+@given(
+    st.integers(min_value=0, max_value=10**6),
+    st.sampled_from(["", "m", "k", "M", "G", "Ki", "Mi", "Gi", "Ti", "e3", "E2", "n", "u"]),
+    st.sampled_from(["", ".5", ".25"]),
+)
+def test_parse_matches_the_kubernetes_client(n: int, suffix: str, frac: str) -> None:
+    text = f"{n}{frac}{suffix}"
+    assert quantity.parse(text) == Fraction(Decimal(parse_quantity(text)))
+
+
+@given(st.integers(min_value=0, max_value=1 << 62))
+def test_formats_round_trip(n: int) -> None:
+    assert quantity.value(quantity.format_binary(n)) == n
+    assert quantity.value(quantity.format_decimal(n)) == n

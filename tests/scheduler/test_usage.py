@@ -1,0 +1,86 @@
+"""One truth for usage (issue 15, problem 4): slices no decision names are counted.
+
+The device plugin runs in this process (device_plugin.daemon.Daemon over a synthetic 16 GiB GPU,
+real gRPC with the kubelet stand-in) and publishes what it handed out on its Node; the scheduler
+and the kube-scheduler stand-in talk to the same API stand-in. A pod placed by default-scheduler
+holds 12288 MiB that no decision names: a 4096 MiB vGPU pod still fits, a second one must not
+(12288 + 4096 + 4096 MiB on a 16 GiB GPU), and `vgpuctl cluster` shows the same numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.plugin.conftest import InProc, inproc, kubelet, synthetic_gpus  # noqa: F401 - fixtures
+from tests.scheduler.helpers import GiB, MiB, api_usage, running_scheduler, state_usage, vgpu_pod, wait_for
+from tests.support.kubeapi import KubeAPI, node_object, pod_object
+from tests.support.kubelet import FakeKubelet
+from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
+from vgpu import cluster
+from vgpu import scheduling as sc
+from vgpu_scheduler import snapshot
+
+pytestmark = pytest.mark.timeout(180)
+NODE = "node-a"
+[GPU] = synthetic_gpus(1, 16 * GiB)
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAPI]:
+    with KubeAPI() as a:
+        a.create("nodes", node_object(NODE, gpus=8))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        monkeypatch.setenv("KUBECONFIG", str(a.write_kubeconfig(tmp_path / "kubeconfig")))
+        yield a
+
+
+def test_slices_without_a_decision_are_counted_and_no_gpu_is_over_committed(
+    api: KubeAPI,
+    kubelet: FakeKubelet,  # noqa: F811
+    inproc: Callable[..., InProc],  # noqa: F811
+) -> None:
+    plugin = inproc(gpus=[GPU], device_split_count=8, node_name=NODE)
+    kubelet.wait_endpoint()
+    wait_for(lambda: sc.INVENTORY_ANNOTATION in api.get("nodes", NODE)["metadata"]["annotations"], 20, "inventory")
+    # default-scheduler's pod: 6 of the 8 slots, n x 1/K = 12288 MiB, no decision
+    api.create("pods", pod_object("other", [("main", {"nvidia.com/gpu": "6"})]))
+    api.bind("other", "default", NODE)
+    kubelet.admit("default", "other", "main", count=6)
+    with running_scheduler(api) as s:
+        g = GPU.uuid
+        wait_for(lambda: state_usage(s.service).get(NODE, {}).get(g, (0, 0, 0))[0] == 12288 * MiB, 20, "published")
+        ks = KubeScheduler(api.api_client(), [ExtenderConfig(s.url)])
+        for n in ("a", "b"):
+            api.create("pods", vgpu_pod(n, mem=4096, cores=10))
+        assert ks.schedule_one("default", "a").status == "Scheduled"
+        r = ks.schedule_one("default", "b")
+        assert r.status == "Unschedulable", r  # 12288 + 4096 + 4096 MiB on a 16 GiB GPU: no
+        assert f"{g}: 0 MiB free < 4096 MiB asked" in r.message
+        # the kubelet admits a: its record follows the decision and is published with its tag
+        kubelet.admit("default", "a", "main")
+        uid = api.get("pods", "a")["metadata"]["uid"]
+
+        def tagged() -> bool:
+            text = api.get("nodes", NODE)["metadata"]["annotations"].get(sc.USAGE_ANNOTATION)
+            return bool(text) and any(x.pod == uid for x in sc.decode_usage(text).slices)
+
+        wait_for(tagged, 20, "a's slice published")
+        time.sleep(0.3)  # the scheduler's Node watch
+        # counted once (its decision and its published slice are the same 4096 MiB)
+        assert state_usage(s.service)[NODE][g] == (16384 * MiB, 600 // 8 + 10, 7)
+        assert state_usage(s.service) == api_usage(api)  # incremental == recomputed from the API
+        assert ks.schedule_one("default", "b").status == "Unschedulable"
+        # vgpuctl cluster: the same numbers, the slices nobody decided listed as such
+        v = cluster.view(api.objects("nodes"), api.objects("pods"), time.time())
+        [gr] = v.nodes[0].gpus
+        assert (gr.memory_allocated, gr.memory_free, gr.slots_allocated) == (16384 * MiB, 0, 7)
+        who = sorted((p.name, p.memory) for p in gr.pods)
+        assert who == [(cluster.NO_DECISION, 12288 * MiB), ("a", 4096 * MiB)]
+        # decisions alone (the old accounting) see 4096 MiB used: they would have let b in
+        rec = snapshot.usage_of([snapshot.pod_rec(p) for p in api.objects("pods")])
+        assert rec[NODE][g].memory == 4096 * MiB
+    plugin.stop()

@@ -1,0 +1,155 @@
+"""A model of kube-scheduler's consumable-capacity arithmetic (DRAConsumableCapacity, v1.36), for
+making the `status.allocation` of test ResourceClaims the way kube-scheduler would. NOT the
+scheduler: it places one request at a time, first fit, and knows no CEL, constraints or taints.
+
+Written from staging/src/k8s.io/dynamic-resource-allocation/structured/internal/incubating/
+consumable_capacity.go: `consumed` is calculateConsumedCapacity (fillEmptyRequest, roundUpRange,
+roundUpValidValues) and `violates` is violatesPolicy; `fits` is CmpRequestOverCapacity
+(a request naming a capacity the device lacks fails; each capacity: the consumed amount must
+satisfy the policy and the running total must stay within the capacity's value). The quantity
+texts are those the scheduler writes: a range rounded to a step becomes
+`resource.NewQuantity(val, BinarySI)`, everything else is a copy of the policy's or the
+request's quantity.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from device_plugin.dra import quantity
+
+
+def consumed(requested: str | None, cap: dict[str, Any]) -> str:
+    """calculateConsumedCapacity: the quantity text the allocator records for one capacity."""
+    policy = cap.get("requestPolicy")
+    if requested is None:  # fillEmptyRequest
+        if policy is not None and policy.get("default") is not None:
+            return str(policy["default"])
+        return str(cap["value"])
+    if policy is None:
+        return requested
+    rng = policy.get("validRange")
+    if rng is not None and rng.get("min") is not None:  # roundUpRange
+        req, lo = quantity.parse(requested), quantity.parse(rng["min"])
+        if req < lo:
+            return str(rng["min"])
+        if rng.get("step") is None:
+            return requested
+        r, s, m = quantity.value(requested), quantity.value(rng["step"]), quantity.value(rng["min"])
+        n, mod = divmod(r - m, s)
+        if mod:
+            n += 1
+        return quantity.format_binary(m + s * n)
+    values = policy.get("validValues")
+    if values is not None:  # roundUpValidValues
+        req = quantity.parse(requested)
+        for v in values:
+            if req <= quantity.parse(v):
+                return str(v)
+    return requested
+
+
+def violates(consumed_text: str, policy: dict[str, Any] | None) -> bool:
+    """violatesPolicy."""
+    if policy is None:
+        return False
+    if policy.get("default") is not None and quantity.parse(consumed_text) == quantity.parse(policy["default"]):
+        return False
+    rng = policy.get("validRange")
+    if rng is not None:
+        if rng.get("max") is not None and quantity.parse(consumed_text) > quantity.parse(rng["max"]):
+            return True
+        if rng.get("step") is not None:
+            r, s, m = quantity.value(consumed_text), quantity.value(rng["step"]), quantity.value(rng["min"])
+            return (r - m) % s != 0
+        return False
+    values = policy.get("validValues")
+    if values:
+        return not any(quantity.parse(consumed_text) == quantity.parse(v) for v in values)
+    return False
+
+
+@dataclass
+class Device:
+    pool: str
+    name: str
+    capacity: dict[str, Any]
+    used: dict[str, Any] = field(default_factory=dict)  # capacity name -> Fraction consumed so far
+
+
+class NoFit(Exception):
+    pass
+
+
+def fits(dev: Device, requests: dict[str, str]) -> dict[str, str] | None:
+    """CmpRequestOverCapacity: the consumedCapacity if the request fits on the device, else None."""
+    if any(k not in dev.capacity for k in requests):
+        return None
+    out: dict[str, str] = {}
+    for name, cap in dev.capacity.items():
+        text = consumed(requests.get(name), cap)
+        if violates(text, cap.get("requestPolicy")):
+            return None
+        if dev.used.get(name, 0) + quantity.parse(text) > quantity.parse(cap["value"]):
+            return None
+        out[name] = text
+    return out
+
+
+class Allocator:
+    """First-fit over the devices of published ResourceSlices (multi-allocatable only)."""
+
+    def __init__(self, resource_slices: list[dict[str, Any]]) -> None:
+        self.devices: list[Device] = []
+        self.driver = ""
+        for s in resource_slices:
+            self.driver = s["spec"]["driver"]
+            for d in s["spec"].get("devices") or []:
+                if d.get("allowMultipleAllocations"):
+                    self.devices.append(Device(s["spec"]["pool"]["name"], d["name"], d.get("capacity") or {}))
+
+    def allocate(self, request: str, capacity_requests: dict[str, str]) -> dict[str, Any]:
+        """One DeviceRequestAllocationResult (JSON), or NoFit."""
+        for dev in self.devices:
+            got = fits(dev, capacity_requests)
+            if got is None:
+                continue
+            for k, v in got.items():
+                dev.used[k] = dev.used.get(k, 0) + quantity.parse(v)
+            return {
+                "request": request,
+                "driver": self.driver,
+                "pool": dev.pool,
+                "device": dev.name,
+                "shareID": str(uuidlib.uuid4()),
+                "consumedCapacity": got,
+            }
+        raise NoFit(f"no device fits {capacity_requests}")
+
+
+def claim_object(
+    name: str, namespace: str, results: list[dict[str, Any]], *, uid: str | None = None, pods: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A ResourceClaim (resource.k8s.io/v1) allocated with `results`, reserved for `pods`."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": meta,
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": r["request"], "exactly": {"deviceClassName": r["driver"], "allocationMode": "ExactCount"}}
+                    for r in results
+                ]
+            }
+        },
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": p, "uid": str(uuidlib.uuid4())} for p in pods],
+        },
+    }
