@@ -57,6 +57,7 @@ class Pods:
         for n in self.names:
             self.cluster.delete_pod(n)
         self.cluster.wait_gone(self.names)
+        self.names = []
 
 
 @pytest.fixture

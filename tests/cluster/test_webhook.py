@@ -41,6 +41,10 @@ def test_a_gpu_pod_is_sent_to_the_scheduler(cluster: Cluster) -> None:
     limits = out["spec"]["containers"][0]["resources"]["limits"]
     assert limits[s.resource] == "1"  # filled in: gpumem alone means one GPU
     assert limits[sc.RESOURCE_MEM] == "3k"
+    # The node-level total kube-scheduler counts, in the form the API server stores.
+    requests = out["spec"]["containers"][0]["resources"]["requests"]
+    assert limits[sc.RESOURCE_NODE_MEM] == requests[sc.RESOURCE_NODE_MEM] == "3k"
+    assert sc.RESOURCE_NODE_CORES not in limits  # no gpucores asked: nothing to count
 
 
 def test_a_pod_without_gpu_is_left_alone(cluster: Cluster, pods: Pods) -> None:
