@@ -308,8 +308,21 @@ def test_recorded_api_server_requests_get_the_answer_it_accepts(
         assert resp["patchType"] == "JSONPatch"
         ops = json.loads(base64.b64decode(resp["patch"]))
         # Every container already names nvidia.com/gpu (the API server copied limits into
-        # requests; 3000 arrives as "3k"): only the scheduler changes.
-        assert ops == [{"op": "replace", "path": "/spec/schedulerName", "value": "vgpu-scheduler"}]
+        # requests; 3000 arrives as "3k"): the scheduler changes, and a container with a sized ask
+        # gets its node-level totals (per-GPU MiB and percent times its GPUs) in limits and
+        # requests, in the canonical form the API server stores.
+        sized = {
+            "gpu-a": {"vgpu.k8s.io~1gpumem-total": "3k", "vgpu.k8s.io~1gpucores-total": "30"},
+            "gpu-job-d": {"vgpu.k8s.io~1gpumem-total": "4096"},
+        }
+        name = pod["metadata"].get("name") or pod["metadata"]["generateName"].rstrip("-")
+        want = [
+            {"op": "add", "path": f"/spec/containers/0/resources/{part}/{key}", "value": v}
+            for part in ("limits", "requests")
+            for key, v in sized.get(name, {}).items()
+        ]
+        assert sorted(ops[:-1], key=json.dumps) == sorted(want, key=json.dumps)
+        assert ops[-1] == {"op": "replace", "path": "/spec/schedulerName", "value": "vgpu-scheduler"}
         if rel.endswith("generateName.json"):  # made by the Job controller: no name yet
             assert "name" not in req and "name" not in pod["metadata"] and pod["metadata"]["generateName"]
 

@@ -116,6 +116,8 @@ def test_recorded_pods_through_the_chart_webhook(cluster: tuple[KubeAPI, Any, di
     assert a["spec"]["schedulerName"] == "vgpu-scheduler"
     res = a["spec"]["containers"][0]["resources"]
     want = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem": "3k"}  # as recorded
+    # plus the node-level totals the webhook adds for kube-scheduler's own count (stored canonical)
+    want |= {"vgpu.k8s.io/gpumem-total": "3k", "vgpu.k8s.io/gpucores-total": "30"}
     assert res == {"limits": want, "requests": want}
     assert stored["gpu-b"]["spec"]["schedulerName"] == "vgpu-scheduler"
     assert "schedulerName" not in stored["nogpu-c"]["spec"]  # never sent: the matchCondition is false
