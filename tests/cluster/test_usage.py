@@ -76,16 +76,16 @@ def test_a_default_scheduler_pods_slice_is_counted(cluster: Cluster, pods: Pods)
 
 
 def test_a_deleted_default_scheduler_pods_slice_is_released(cluster: Cluster, pods: Pods) -> None:
-    """Deleted, with nothing else allocated on the node meanwhile, its slice stops counting within
-    the device plugin's record_gc_grace_s (+ 2 min).
+    """Deleted, with nothing else allocated on the node meanwhile, its slice stops counting (within
+    `VGPU_TEST_RELEASE_S`, record_gc_grace_s + 2 min by default, a bound and not a target).
 
-    Fails today (found on the real cluster): the device plugin publishes an untagged slice for every
-    allocation record, and removes a record record_gc_grace_s after the kubelet's device
-    checkpoint stops holding its Allocate answer. The kubelet drops a deleted pod's entries only in
-    UpdateAllocatedDevices (pkg/kubelet/cm/devicemanager/manager.go), which runs at its next
-    Allocate on the node (or a PodResources List) and is written to the checkpoint only then. Until
-    another container gets a device there, the GPU stays partly taken by nobody: a pod that needs
-    that memory is never placed, and so never causes the Allocate that would free it."""
+    Found on the real cluster before usage followed pods: the device plugin published an untagged
+    slice for every allocation record, and the kubelet drops a deleted pod's entries from its
+    device checkpoint only in UpdateAllocatedDevices (pkg/kubelet/cm/devicemanager/manager.go), at
+    its next Allocate on the node; until then the GPU stayed partly taken by nobody. Every published
+    slice now names its pod (from the kubelet checkpoint), and a deleted pod's slice stops counting
+    as soon as the pod watch sees it gone, although its record stays (docs/scheduler.md, "Usage
+    accounting: one truth"). On the real cluster it was released 0 s after the pod was gone."""
     node, uuid, held, _gpu = _classic_pod(cluster, pods)
     pods.cleanup()  # the pod is gone from the API (its containers stopped)
     t0 = time.monotonic()
