@@ -11,12 +11,12 @@ CWARN   := -Wall -Wextra -Werror
 COPT    ?= -O2 -g
 CFLAGS_LIB  := $(CSTD) $(CWARN) $(COPT) -fPIC -fvisibility=hidden
 CFLAGS_PROG := $(CSTD) $(CWARN) $(COPT)
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=40
 
 # Every fragment appends its outputs to ALL_TARGETS.
 ALL_TARGETS :=
 
-.PHONY: all venv test lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler bench-dra deb rpm test-asan
+.PHONY: all venv test test-cluster lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler bench-dra deb rpm test-asan
 
 all: build-all
 
@@ -39,6 +39,11 @@ $(VENV)/.stamp: pyproject.toml
 # --- tests --------------------------------------------------------------------
 test: host-deps-test venv build-all
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The acceptance suite against the cluster $KUBECONFIG names (tests/cluster; `make test` never
+# runs it). VGPU_TEST_* variables: docs/scheduler.md, "Acceptance suite".
+test-cluster: venv
+	$(PY) -m pytest tests/cluster $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

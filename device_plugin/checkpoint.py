@@ -16,6 +16,10 @@ container's vGPUs are given to the app container (two records name the same vGPU
 replayed), PodResources does not list init containers at all, and an init container may hold
 vGPUs its pod's app containers do not.
 
+Each entry also names the pod (the kubelet's UID of it) and the container holding the answer.
+The usage the plugin publishes carries them (device_plugin/usage.py): the scheduler stops counting
+a slice when its pod ends, although the record stays until the kubelet rewrites this file.
+
 The file is the kubelet's (root-only directory, written by rename); it is still parsed as
 untrusted input: bounded size, every field checked. Anything unexpected makes the whole file
 unusable (CheckpointUnusable), and the caller then keeps every record: a record deleted too early
@@ -28,7 +32,7 @@ import base64
 import binascii
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -38,6 +42,9 @@ from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV
 CHECKPOINT = "kubelet_internal_checkpoint"
 # A node's checkpoint is a few hundred bytes per container; this bound only stops a runaway read.
 MAX_BYTES = 64 << 20
+# A pod UID is 36 characters and a container name at most 63 (DNS label); longer text is cut, so a
+# bad file cannot make the published usage annotation grow.
+MAX_NAME = 253
 
 
 class CheckpointUnusable(RuntimeError):
@@ -68,13 +75,23 @@ def _entries(doc: Any) -> list[Any]:
     return entries
 
 
-def replayable_tokens(path: str, resource_name: str) -> set[str]:
-    """The allocation tokens in the kubelet's kept Allocate answers for `resource_name`."""
+class Kept(NamedTuple):
+    """One kept answer of our resource: the pod (the kubelet's UID) and container it was given to,
+    and the allocation tokens it carries."""
+
+    pod_uid: str
+    container: str
+    tokens: frozenset[str]
+
+
+def kept_answers(path: str, resource_name: str) -> list[Kept]:
+    """The kubelet's kept Allocate answers for `resource_name`, with the pod UID and container name
+    of each entry (PodDevicesEntry.PodUID, ContainerName)."""
     try:
         doc = json.loads(_read(path))
     except ValueError as e:
         raise CheckpointUnusable(f"{path} is not JSON: {e}") from None
-    tokens: set[str] = set()
+    out: list[Kept] = []
     for i, ent in enumerate(_entries(doc)):
         if not isinstance(ent, dict) or not isinstance(ent.get("ResourceName"), str):
             raise CheckpointUnusable(f"entry {i} has no ResourceName")
@@ -89,11 +106,28 @@ def replayable_tokens(path: str, resource_name: str) -> set[str]:
             resp = pb.ContainerAllocateResponse.FromString(base64.b64decode(raw, validate=True))
         except (binascii.Error, ValueError, DecodeError) as err:
             raise CheckpointUnusable(f"entry {i}: AllocResp is not an Allocate answer: {err}") from None
+        pod, container = ent.get("PodUID"), ent.get("ContainerName")
+        if not isinstance(pod, str) or not isinstance(container, str):
+            raise CheckpointUnusable(f"entry {i}: PodUID or ContainerName is not a string")
         # Both carriers, should they ever differ: either is what the hook may be given.
-        for tok in (resp.envs.get(TOKEN_ENV), resp.annotations.get(TOKEN_ANNOTATION)):
-            if tok:
-                tokens.add(tok)
-    return tokens
+        tokens = frozenset(t for t in (resp.envs.get(TOKEN_ENV), resp.annotations.get(TOKEN_ANNOTATION)) if t)
+        out.append(Kept(pod[:MAX_NAME], container[:MAX_NAME], tokens))
+    return out
+
+
+def replayable_tokens(path: str, resource_name: str) -> set[str]:
+    """The allocation tokens in the kubelet's kept Allocate answers for `resource_name`."""
+    return {t for k in kept_answers(path, resource_name) for t in k.tokens}
+
+
+def holders(path: str, resource_name: str) -> dict[str, tuple[str, str]]:
+    """token -> (pod UID, container) of the kept answer carrying it: who holds each record's slice.
+    A token in two entries (never written so by us: one token per Allocate answer) keeps the first."""
+    out: dict[str, tuple[str, str]] = {}
+    for k in kept_answers(path, resource_name):
+        for t in k.tokens:
+            out.setdefault(t, (k.pod_uid, k.container))
+    return out
 
 
 def default_path(kubelet_dir: str) -> str:

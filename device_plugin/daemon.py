@@ -101,8 +101,9 @@ class Daemon:
         self.restart_event = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         node = inventory.node_name(cfg.node_name)
-        # What the node handed out, published with the inventory (docs/scheduler.md, "Usage").
-        self.usage = usage.Tracker(state, cfg.resource_name)
+        # What the node handed out, published with the inventory (docs/scheduler.md, "Usage"),
+        # each slice named by the pod holding it from the kubelet's checkpoint.
+        self.usage = usage.Tracker(state, cfg.resource_name, self.where.checkpoint)
         self.annotator = inventory.NodeAnnotator(
             self.table,
             cfg.resource_name,
@@ -286,6 +287,11 @@ class Daemon:
         next_inv = time.monotonic()
         self._inventory_dirty.set()
         while not self.stop_event.is_set():
+            try:
+                if self.usage.refresh():  # a stat; the kubelet wrote its checkpoint: new names
+                    self._inventory_dirty.set()
+            except Exception:
+                log.exception("reading the kubelet's checkpoint for usage names failed")
             now = time.monotonic()
             if self._inventory_dirty.is_set() or now >= next_inv or self.annotator.pending:
                 self._inventory_dirty.clear()

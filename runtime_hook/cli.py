@@ -191,6 +191,9 @@ def hook_config(opts: dict[str, str]) -> Any:
     if all(f in opts for f in _FLAG_KEYS) or not os.path.exists(path):
         return FlagConfig(opts)
     overrides = {key: opts.get(flag) for flag, key in _FLAG_KEYS.items()}
+    from runtime_hook.hotpath import _enable_site_packages
+
+    _enable_site_packages()  # vgpu.config needs msgspec and a TOML parser
     return _load(path, overrides)
 
 

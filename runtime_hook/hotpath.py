@@ -82,6 +82,10 @@ def _read_stdin() -> bytes:
 def _enable_site_packages() -> None:
     """Started with -S: make site-packages (msgspec, tomlkit) importable, cheaply.
 
+    Only what needs them calls this: the full command line, and a hook that must parse the node
+    config (cli.hook_config without every setting in its flags).  The hook paths themselves are
+    stdlib only; the host python's `site.main()` alone costs ~6 ms (dist-packages, .pth files).
+
     In a virtualenv, append its site-packages directly: `site.main()` would
     also run every .pth file (setuptools' editable-install finder alone costs
     ~10 ms).  The package root is already first on sys.path.
@@ -100,7 +104,8 @@ def _enable_site_packages() -> None:
 
 
 def _full(argv: list[str], **kw: object) -> int:
-    _enable_site_packages()
+    if not kw:  # not a hook invocation: argparse, vgpu.config, containerd install...
+        _enable_site_packages()
     from runtime_hook import cli
 
     return cli.main(argv, **kw)  # type: ignore[arg-type]

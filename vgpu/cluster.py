@@ -4,10 +4,12 @@ Everything comes from the API server (kubeconfig or in-cluster service account):
 inventory annotations (what the device plugins offer), their usage annotations (every slice the
 node handed out, with or without a decision) and the Pods' decision annotations (what
 vgpu-scheduler gave each container, counted until the node publishes it). A GPU's usage is
-vgpu.scheduling.node_usage of both, the arithmetic the scheduler uses: the same numbers. Slices
-no decision names (a pod of another scheduler, or placed before vgpu-scheduler ran) are listed
-as "(no decision)". `view()` is pure; `fetch()` does the two list calls; `render()` formats the
-text table.
+vgpu.scheduling.node_usage of both, the arithmetic the scheduler uses: the same numbers. Every
+slice is shown with the pod holding it (the device plugin names it from the kubelet's device
+checkpoint); pods placed without a decision (another scheduler, or before vgpu-scheduler ran) are
+flagged "(no decision)", slices that name no pod yet are listed as UNNAMED, and the slices of pods
+that ended are not counted although their allocation records stay. `view()` is pure; `fetch()`
+does the two list calls (Nodes first); `render()` formats the text table.
 """
 
 from __future__ import annotations
@@ -24,42 +26,19 @@ MiB = 1 << 20
 
 
 class PodOnGPU(msgspec.Struct, kw_only=True):
-    namespace: str  # "" with name "(no decision)": slices the node handed out that no decision names
+    namespace: str  # "" with name UNNAMED: slices the node handed out that name no pod (yet)
     name: str
     containers: list[str]
     memory: int  # bytes (effective usage of this pod on this GPU)
     cores: int  # percent
     phase: str
     terminating: bool = False
-
-    def add(self, memory: int, cores: int) -> None:
-        self.memory += memory
-        self.cores += cores
+    decided: bool = True  # False: placed without a vgpu-scheduler decision (another scheduler, n x 1/K)
 
 
-NO_DECISION = "(no decision)"
-
-
-def _pod_on(
-    mine: dict[tuple[str, str], PodOnGPU], p: dict[str, Any] | None, uid: str, uuid: str, containers: list[str]
-) -> PodOnGPU:
-    key = (uid if p is not None else "", uuid)
-    entry = mine.get(key)
-    if entry is None:
-        meta = (p or {}).get("metadata") or {}
-        entry = mine[key] = PodOnGPU(
-            namespace=meta.get("namespace") or "",
-            name=meta.get("name") or NO_DECISION,
-            containers=[],
-            memory=0,
-            cores=0,
-            phase=((p or {}).get("status") or {}).get("phase") or "",
-            terminating=bool(meta.get("deletionTimestamp")),
-        )
-    for c in containers:
-        if c and c not in entry.containers:
-            entry.containers.append(c)
-    return entry
+# Slices the device plugin published without a pod's name: the moment between an Allocate and the
+# kubelet's checkpoint write, or a node whose checkpoint cannot be read (device_plugin/usage.py).
+UNNAMED = "(no pod named)"
 
 
 class GPURow(msgspec.Struct, kw_only=True):
@@ -149,12 +128,21 @@ def view(
             row.gpus.append(gr)
             gpu_rows[(name, g.uuid)] = gr
     pending = 0
-    live = {
-        str((p.get("metadata") or {}).get("uid") or ""): (p.get("status") or {}).get("phase")
-        not in sc.TERMINATED_PHASES
-        for p in pods
-    }
-    by_uid = {str((p.get("metadata") or {}).get("uid") or ""): p for p in pods}
+    # The Pods are listed after the Nodes (fetch): a pod a Node's usage names that the list lacks
+    # has been deleted since. A mirror pod stands for the static pod whose UID the kubelet uses.
+    by_uid: dict[str, dict[str, Any]] = {}
+    for p in pods:
+        by_uid[str((p.get("metadata") or {}).get("uid") or "")] = p
+    for p in pods:
+        mirror = ((p.get("metadata") or {}).get("annotations") or {}).get(sc.MIRROR_ANNOTATION)
+        if mirror and mirror not in by_uid:
+            by_uid[str(mirror)] = p
+    inits = {uid: sc.blocking_inits(p) for uid, p in by_uid.items()}
+
+    def holds(uid: str) -> bool:
+        p = by_uid.get(uid)
+        return p is not None and (p.get("status") or {}).get("phase") not in sc.TERMINATED_PHASES
+
     held: dict[str, dict[str, sc.Decision]] = {}  # node -> uid -> decision holding GPUs there
     for p in pods:
         meta = p.get("metadata") or {}
@@ -177,7 +165,8 @@ def view(
     for node in held.keys() | used.keys():
         row = rows[node]
         slices = used.get(node, [])
-        for uuid, use in sorted(sc.node_usage(slices, held.get(node, {}), live).items()):
+        decided = held.get(node, {})
+        for uuid, use in sorted(sc.node_usage(slices, decided, holds, inits).items()):
             found = gpu_rows.get((node, uuid))
             if found is None:
                 if uuid not in row.unknown_gpus:
@@ -186,27 +175,42 @@ def view(
             found.memory_allocated += use.memory
             found.cores_allocated += use.cores
             found.slots_allocated += use.slots
-        # Who holds what: each pod (its unpublished decided containers and its published slices),
-        # and the slices no decision names.
-        done = sc.allocated_containers(slices)
-        mine: dict[tuple[str, str], PodOnGPU] = {}
-        for uid, d in held.get(node, {}).items():
-            p = by_uid[uid]
-            for uuid, u in sc.decision_usage(d, done.get(uid, set())).items():
-                _pod_on(mine, p, uid, uuid, [c.name for c in d.containers if any(g.uuid == uuid for g in c.gpus)]).add(
-                    u.memory, u.cores
-                )
-        for sl in slices:
-            if not sc.slice_counts(sl, live):
+        # Who holds what: each pod (its published slices and its decided containers not published
+        # yet, by the same rule), and the slices that name no pod.
+        base, pub = sc.split_slices(slices)
+        for uid in sorted(pub.keys() | decided.keys()):
+            mine = pub.get(uid) if holds(uid) else None
+            dec = decided.get(uid)
+            if mine is None and dec is None:
                 continue
-            if sl.pod and sl.pod in by_uid:
-                _pod_on(mine, by_uid[sl.pod], sl.pod, sl.gpu, [sl.container]).add(sl.memory, sl.cores)
-            else:
-                _pod_on(mine, None, sl.pod, sl.gpu, []).add(sl.memory, sl.cores)
-        for (_uid, uuid), entry in mine.items():
+            p = by_uid.get(uid) or {}
+            meta = p.get("metadata") or {}
+            for uuid, u in sc.pod_usage(mine, dec, inits.get(uid)).items():
+                target = gpu_rows.get((node, uuid))
+                if target is None:
+                    continue
+                names = [c for c, per in (mine or {}).items() if uuid in per]
+                for c in dec.containers if dec is not None else ():
+                    if c.name not in names and any(g.uuid == uuid for g in c.gpus):
+                        names.append(c.name)
+                target.pods.append(
+                    PodOnGPU(
+                        namespace=meta.get("namespace") or "",
+                        name=meta.get("name") or uid,
+                        containers=names,
+                        memory=u.memory,
+                        cores=u.cores,
+                        phase=(p.get("status") or {}).get("phase") or "",
+                        terminating=bool(meta.get("deletionTimestamp")),
+                        decided=sc.DECISION_ANNOTATION in (meta.get("annotations") or {}),
+                    )
+                )
+        for uuid, u in base.items():
             target = gpu_rows.get((node, uuid))
             if target is not None:
-                target.pods.append(entry)
+                target.pods.append(
+                    PodOnGPU(namespace="", name=UNNAMED, containers=[], memory=u.memory, cores=u.cores, phase="")
+                )
     for gr in gpu_rows.values():
         gr.memory_free = max(0, gr.memory - gr.memory_allocated)
         gr.cores_free = max(0, gr.cores - gr.cores_allocated)
@@ -239,7 +243,7 @@ def render(v: ClusterView) -> str:
                 f"{f'{g.cores_allocated}/{g.cores}':<18} {f'{g.slots_allocated}/{g.slots}':<6} {len(g.pods)}{health}"
             )
             for p in g.pods:
-                flag = " terminating" if p.terminating else ""
+                flag = (" terminating" if p.terminating else "") + ("" if p.decided else " (no decision)")
                 who = f"{p.namespace}/{p.name} [{','.join(p.containers)}]" if p.namespace else p.name
                 lines.append(f"       {who} {_mib(p.memory)} MiB {p.cores}% {p.phase or '-'}{flag}")
         for u in n.unknown_gpus:

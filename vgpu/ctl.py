@@ -110,7 +110,22 @@ def cmd_status(a: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def cmd_slice(a: argparse.Namespace) -> int:
+    from vgpu import probe
+
+    view = probe.observe(a.cuda_library)
+    print(probe.encode(view), flush=True)
+    if a.expect_memory_mib is None and a.expect_gpus is None:
+        return 0
+    problems = probe.check(view, a.expect_memory_mib, a.expect_gpus)
+    for p in problems:
+        print(f"vgpuctl slice: {p}", file=sys.stderr)
+    if not problems:
+        print("vgpuctl slice: as expected", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vgpuctl", description="inspect vGPU containers on this node")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd")
@@ -123,9 +138,22 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--context", default=None, help="kubeconfig context")
     c.add_argument("--stale-after-s", type=float, default=120.0, help="inventory heartbeat age that marks a node stale")
     c.add_argument("--json", action="store_true", help="machine-readable output")
+    sl = sub.add_parser(
+        "slice",
+        help="what this container sees of its GPUs (CUDA cuMemGetInfo, NVML memory), as JSON; "
+        "with --expect-*: exit 1 unless it is that",
+    )
+    sl.add_argument("--expect-memory-mib", type=int, default=None, help="every visible GPU's total, in MiB")
+    sl.add_argument("--expect-gpus", type=int, default=None, help="number of visible GPUs")
+    sl.add_argument("--cuda-library", default="libcuda.so.1", help="the CUDA driver library to load")
     from vgpu import doctor
 
     doctor.add_arguments(sub.add_parser("doctor", help="node preflight: node type, containerd, NVIDIA runtime, hook"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     a = p.parse_args(argv)
     if a.cmd == "status":
         return cmd_status(a)
@@ -136,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         (sys.stdout if rc == 0 else sys.stderr).write(text)
         return rc
     if a.cmd == "doctor":
+        from vgpu import doctor
+
         return doctor.main(a)
+    if a.cmd == "slice":
+        return cmd_slice(a)
     p.print_usage(sys.stderr)
     return 2
 

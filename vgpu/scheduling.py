@@ -6,10 +6,12 @@ how much of them (`Decision`, pod annotation `vgpu.k8s.io/decision`), written at
 before the Binding. The device plugin honours the decision in Allocate and reports its progress in
 `bind-phase` and `allocated`. The device plugin also publishes what it has handed out
 (`NodeUsage`, Node annotation `vgpu.k8s.io/node-usage`: one entry per vGPU slot in use, tagged
-with the pod UID and container when the slice follows a decision), so slices that no decision names
-(pods placed by another scheduler, or before vgpu-scheduler ran) are counted too. A GPU's usage is
-its published slices plus the decided containers not yet among them (`node_usage`): the scheduler
-and `vgpuctl cluster` both compute it so, from the API objects alone.
+with the pod UID and container that hold it), so slices that no decision names (pods placed by
+another scheduler, or before vgpu-scheduler ran) are counted too, and a pod's slices stop counting
+when the pod ends although its allocation records stay (the kubelet may replay them). A GPU's
+usage is its published slices of pods that hold them plus the decided containers not yet among
+them, per pod by the effective-request rule (`node_usage`, `pod_usage`): the scheduler and
+`vgpuctl cluster` both compute it so, from the API objects alone.
 
 Node-level totals (`RESOURCE_NODE_MEM`, `RESOURCE_NODE_CORES`) make GPU memory and compute
 resources kube-scheduler itself counts, so a pod blocked by them reaches preemption: the device
@@ -19,6 +21,7 @@ plugin advertises the node's totals in the Node's status, the webhook adds the c
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Annotated, Any
 
 import msgspec
@@ -137,7 +140,8 @@ class Decision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=Fals
 
 class UsedSlice(msgspec.Struct, kw_only=True, gc=False):
     """One vGPU slot in use on the node: the GPU, the memory limit and compute share of the
-    container holding it, and that container's pod UID and name when it follows a decision."""
+    container holding it, and that container's pod UID and name when the device plugin knows them
+    (from the kubelet's device checkpoint, or the decision it honoured); "" while it does not."""
 
     gpu: Uuid
     memory: Bytes
@@ -148,8 +152,9 @@ class UsedSlice(msgspec.Struct, kw_only=True, gc=False):
 
 class NodeUsage(msgspec.Struct, kw_only=True):
     """`vgpu.k8s.io/node-usage` on the Node (version 1): what the device plugin's allocation
-    records hold now (one slice per vGPU slot; a slot held by several records counts once, for
-    the newest), as of `time`."""
+    records hold now, as of `time`: one slice per vGPU slot and record (a slot named by records of
+    several pods is the newest pod's; the records of one pod that share a slot, an init container's
+    and the app container's it was given to, are all listed: `pod_usage` counts them once)."""
 
     version: int = USAGE_VERSION
     time: float
@@ -229,44 +234,114 @@ def annotation(annotations: dict[str, str] | None, key: str) -> str | None:
 
 # --- usage (pure; shared by vgpuctl cluster, and the scheduler's accounting may delegate here) ---
 TERMINATED_PHASES = ("Succeeded", "Failed")
+# A mirror pod (the API's copy of a kubelet's static pod) has its own UID; the kubelet's device
+# manager knows the static pod by the UID the kubelet gave it, which the mirror pod carries in
+# this annotation (kubelet pkg/kubelet/pod/mirror_client.go CreateMirrorPod: the config hash, which
+# config/common.go applyDefaults sets to the static pod's UID).
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
-class GPUUse(msgspec.Struct, kw_only=True):
-    """What pods hold of one GPU: memory bytes, compute percent, vGPU slots (containers)."""
+class GPUUse(msgspec.Struct, gc=False):
+    """What pods hold of one GPU: memory bytes, compute percent, vGPU slots (containers). Scalars
+    only: gc=False keeps the tens of thousands the scheduler holds out of the cyclic GC's walks."""
 
     memory: int = 0
     cores: int = 0
     slots: int = 0
 
+    def add(self, o: GPUUse, sign: int = 1) -> None:
+        self.memory += sign * o.memory
+        self.cores += sign * o.cores
+        self.slots += sign * o.slots
 
-def decision_usage(d: Decision, allocated: frozenset[str] | set[str] = frozenset()) -> dict[str, GPUUse]:
-    """One pod's effective usage per GPU UUID, from its decision, less the containers in `allocated`
-    (those the node already published: their slices are counted from there).
 
-    Per dimension (memory, cores, slots) the larger of any single init container's and the sum of
-    the app containers': init containers run one at a time before the app containers (the
-    Kubernetes effective-request rule), and the kubelet reuses their devices for the app containers.
-    Once any app container is allocated the init containers have all been (kubelet allocates a
-    pod's containers in order at admission) and hold nothing of their own any more.
-    """
-    apps: dict[str, GPUUse] = {}
-    inits: dict[str, GPUUse] = {}
-    app_done = bool(allocated) and any(c.name in allocated for c in d.containers if not c.init)
-    for c in d.containers:
-        if c.name in allocated or (c.init and app_done):
-            continue
-        for g in c.gpus:
-            if c.init:
-                u = inits.setdefault(g.uuid, GPUUse())
-                u.memory, u.cores, u.slots = max(u.memory, g.memory), max(u.cores, g.cores), max(u.slots, 1)
+PerGPU = dict[str, GPUUse]  # GPU UUID -> use
+
+
+def _effective(conts: Iterable[tuple[bool, PerGPU]]) -> PerGPU:
+    """Per GPU and dimension (memory, cores, slots): the larger of any single init container's use
+    and the sum of the app containers' (Kubernetes' effective-request rule)."""
+    apps: PerGPU = {}
+    inits: PerGPU = {}
+    for init, per in conts:
+        for uuid, x in per.items():
+            if init:
+                u = inits.get(uuid)
+                if u is None:
+                    inits[uuid] = GPUUse(x.memory, x.cores, x.slots)
+                else:
+                    u.memory, u.cores, u.slots = max(u.memory, x.memory), max(u.cores, x.cores), max(u.slots, x.slots)
             else:
-                a = apps.setdefault(g.uuid, GPUUse())
-                a.memory, a.cores, a.slots = a.memory + g.memory, a.cores + g.cores, a.slots + 1
-    out: dict[str, GPUUse] = {}
-    for uuid in apps.keys() | inits.keys():
-        a, i = apps.get(uuid, GPUUse()), inits.get(uuid, GPUUse())
-        out[uuid] = GPUUse(memory=max(a.memory, i.memory), cores=max(a.cores, i.cores), slots=max(a.slots, i.slots))
-    return out
+                a = apps.get(uuid)
+                if a is None:
+                    apps[uuid] = GPUUse(x.memory, x.cores, x.slots)
+                else:
+                    a.add(x)
+    if not inits:
+        return apps
+    for uuid, i in inits.items():
+        a = apps.get(uuid)
+        if a is None:
+            apps[uuid] = i
+        else:
+            a.memory, a.cores, a.slots = max(a.memory, i.memory), max(a.cores, i.cores), max(a.slots, i.slots)
+    return apps
+
+
+def _decided(c: ContainerDecision) -> PerGPU:
+    return {g.uuid: GPUUse(g.memory, g.cores, 1) for g in c.gpus}
+
+
+def decision_usage(d: Decision, allocated: frozenset[str] | set[str] = frozenset()) -> PerGPU:
+    """One pod's effective usage per GPU UUID from its decision alone, less the containers in
+    `allocated` (those counted from what the node published): `pod_usage` with nothing published
+    but their names."""
+    return pod_usage({name: {} for name in allocated}, d)
+
+
+def pod_usage(
+    published: Mapping[str, PerGPU] | None, decision: Decision | None, inits: Collection[str] | None = None
+) -> PerGPU:
+    """One pod's effective usage per GPU UUID of one node.
+
+    Each container holds what the node published for it (the slices of its allocation records,
+    `published`: container -> GPU -> use) or, while it has none, what the pod's decision names.
+    Per GPU and dimension the pod then holds the larger of any single init container's use and the
+    sum of its app containers': init containers run one at a time before the app containers, and
+    the kubelet gives their devices to the app containers (device manager manager.go `Allocate`,
+    `devicesToReuse`), so an init container's slice and an app container's slice on one vGPU never
+    run at once. Once any app container is published, an init container not published holds
+    nothing of its own (the kubelet allocates a pod's containers in order at admission).
+
+    `inits`: the names of the pod's init containers that are not restartable (a restartable one, a
+    sidecar, runs beside the app containers and keeps its devices: manager.go Allocate,
+    `IsRestartableInitContainer`), when the pod's spec is known. A container is an init container
+    when `inits` or the decision says so; any other published container is an app container (a
+    sum: the larger answer).
+    """
+    pub = published or {}
+    conts: list[tuple[bool, PerGPU]] = []
+    flags = {c.name: c.init for c in decision.containers} if decision is not None else {}
+    known = inits or ()
+
+    def is_init(name: str) -> bool:
+        return flags.get(name, False) or name in known
+
+    app_done = False
+    for name, per in pub.items():
+        init = is_init(name)
+        app_done = app_done or not init
+        if per:
+            conts.append((init, per))
+    if decision is not None:
+        for c in decision.containers:
+            if c.name in pub:
+                continue
+            init = is_init(c.name)
+            if init and app_done:
+                continue
+            conts.append((init, _decided(c)))
+    return _effective(conts)
 
 
 def holding_node(d: Decision | None, phase: str, bound_node: str) -> str:
@@ -282,12 +357,27 @@ def holding_node(d: Decision | None, phase: str, bound_node: str) -> str:
     return d.node
 
 
+def blocking_inits(pod: dict[str, Any]) -> tuple[str, ...]:
+    """The names of a Pod's init containers that are not restartable (`restartPolicy: Always` makes
+    a sidecar, pkg/api/v1/pod IsRestartableInitContainer)."""
+    out = []
+    for c in (pod.get("spec") or {}).get("initContainers") or ():
+        if isinstance(c, dict) and c.get("restartPolicy") != "Always":
+            out.append(str(c.get("name") or ""))
+    return tuple(out)
+
+
 # --- whether a node offers its GPUs (pure; the scheduler's filter and vgpuctl cluster) ----------
 
 
 def node_allocatable(node: dict[str, Any], resource: str = RESOURCE_GPU) -> int:
     """The Node's allocatable vGPU count: -1 when it does not list the resource, 0 when unparsable."""
     text = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    return allocatable_count(None if text is None else str(text))
+
+
+def allocatable_count(text: str | None) -> int:
+    """An allocatable quantity's text as a count: -1 when absent, 0 when unparsable."""
     if text is None:
         return -1
     try:
@@ -311,41 +401,50 @@ def offer_problem(inv: NodeInventory, allocatable: int, now: float, stale_after_
 # --- one truth for usage (pure; the scheduler and vgpuctl cluster) -------------------------------
 
 
-def slice_counts(s: UsedSlice, pod_live: dict[str, bool] | None) -> bool:
-    """Whether a published slice holds its GPU: untagged ones always (the node says so); one tagged
-    with a pod UID while that pod exists and has not terminated (`pod_live[uid]`; absent: deleted).
-    A pod object is removed only after the kubelet reported its containers stopped (a force
-    deletion is the exception the plugin's record collection catches up with)."""
-    if not s.pod or pod_live is None:
-        return True
-    return pod_live.get(s.pod, False)
-
-
-def allocated_containers(slices: list[UsedSlice]) -> dict[str, set[str]]:
-    """pod UID -> the containers whose slices the node published (decided containers covered)."""
-    out: dict[str, set[str]] = {}
+def split_slices(slices: Iterable[UsedSlice]) -> tuple[PerGPU, dict[str, dict[str, PerGPU]]]:
+    """(the slices no pod is named on, per GPU; pod UID -> container -> GPU -> use) of a node's
+    published usage: a container's use of a GPU is the sum of its slices there (n x 1/K is n)."""
+    base: PerGPU = {}
+    pods: dict[str, dict[str, PerGPU]] = {}
     for s in slices:
         if s.pod:
-            out.setdefault(s.pod, set()).add(s.container)
-    return out
+            per = pods.setdefault(s.pod, {}).setdefault(s.container, {})
+        else:
+            per = base
+        u = per.get(s.gpu)
+        if u is None:
+            per[s.gpu] = GPUUse(s.memory, s.cores, 1)
+        else:
+            u.memory, u.cores, u.slots = u.memory + s.memory, u.cores + s.cores, u.slots + 1
+    return base, pods
 
 
 def node_usage(
-    slices: list[UsedSlice], decisions: dict[str, Decision], pod_live: dict[str, bool] | None = None
-) -> dict[str, GPUUse]:
-    """Per GPU UUID of one node: every published slice that holds (`slice_counts`) plus, for each pod
-    whose decision holds GPUs here (uid -> decision), the decided containers the node has not
-    published yet. A pod with both is counted once per container."""
-    out: dict[str, GPUUse] = {}
-    for s in slices:
-        if slice_counts(s, pod_live):
-            u = out.setdefault(s.gpu, GPUUse())
-            u.memory, u.cores, u.slots = u.memory + s.memory, u.cores + s.cores, u.slots + 1
-    done = allocated_containers(slices)
-    for uid, d in decisions.items():
-        for uuid, x in decision_usage(d, done.get(uid, set())).items():
-            u = out.setdefault(uuid, GPUUse())
-            u.memory, u.cores, u.slots = u.memory + x.memory, u.cores + x.cores, u.slots + x.slots
+    slices: Iterable[UsedSlice],
+    decisions: Mapping[str, Decision],
+    holds: Callable[[str], bool] | None = None,
+    inits: Mapping[str, Collection[str]] | None = None,
+) -> PerGPU:
+    """Per GPU UUID of one node: every published slice no pod is named on, plus per pod its
+    `pod_usage` of the slices published for it and of its decision if that holds GPUs here
+    (`decisions`: uid -> decision). `holds(uid)`: whether a pod's published slices hold their
+    GPUs (the scheduler: the pod exists and is not Succeeded/Failed, or is not known yet; None:
+    all hold). `inits`: uid -> the pod's blocking init containers, for the pods whose spec is known."""
+    base, pods = split_slices(slices)
+    out = base
+    for uid in pods.keys() | decisions.keys():
+        pub = pods.get(uid)
+        if pub is not None and holds is not None and not holds(uid):
+            pub = None
+        d = decisions.get(uid)
+        if pub is None and d is None:
+            continue
+        for uuid, x in pod_usage(pub, d, (inits or {}).get(uid)).items():
+            u = out.get(uuid)
+            if u is None:
+                out[uuid] = x
+            else:
+                u.add(x)
     return out
 
 

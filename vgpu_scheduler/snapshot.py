@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,18 +50,8 @@ class NodeView:
     totals: tuple[int, int, int] = (0, 0, 0)  # schedulable memory, cores, slots of all its GPUs
 
 
-class Use(msgspec.Struct, gc=False):
-    """Memory bytes, compute percent and vGPU slots held of one GPU. Scalars only: kept out of the
-    cyclic GC (there are tens of thousands of these; its full collections walk every tracked one)."""
-
-    memory: int = 0
-    cores: int = 0
-    slots: int = 0
-
-    def add(self, o: Use, sign: int = 1) -> None:
-        self.memory += sign * o.memory
-        self.cores += sign * o.cores
-        self.slots += sign * o.slots
+# Memory bytes, compute percent and vGPU slots held of one GPU (scalars only, out of the cyclic GC).
+Use = sc.GPUUse
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,24 +70,55 @@ class NodeInfo:
     # GPUs' sizes (and totals): nodes of one shape give a pod the same slices, so their order by
     # usage is their order by placement score (the filter's index, state.py).
     shape: tuple[object, ...] = ()
+    resource_version: str = ""
+    inventory_key: int = 0  # hash of the inventory text it was parsed from (0: none)
 
 
 def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo:
+    """What the scheduler keeps of a Node object (a dict, as the API returns it)."""
     meta = node.get("metadata") or {}
-    name = meta.get("name") or ""
-    text = (meta.get("annotations") or {}).get(sc.INVENTORY_ANNOTATION)
+    alloc = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    return _node_info(
+        str(meta.get("name") or ""),
+        str(meta.get("resourceVersion") or ""),
+        meta.get("annotations") or {},
+        alloc if alloc is None else str(alloc),
+        dict(meta.get("labels") or {}),
+        None,
+    )
+
+
+def _node_info(
+    name: str,
+    rv: str,
+    annotations: dict[str, str],
+    alloc_text: str | None,
+    labels: dict[str, str],
+    prev: NodeInfo | None,
+) -> NodeInfo:
+    text = annotations.get(sc.INVENTORY_ANNOTATION)
+    key = hash(text) if text is not None else 0
     inv: sc.NodeInventory | None = None
     err = ""
-    if text is None:
+    gpus: tuple[GPU, ...] = ()
+    if prev is not None and key and prev.inventory_key == key and prev.inventory is not None:
+        # The inventory text is what it was (only the heartbeat makes it change): not decoded again.
+        inv, gpus = prev.inventory, prev.gpus
+    elif text is None:
         err = "no vGPU inventory (device plugin not running?)"
     else:
         try:
             inv = sc.decode_inventory(text)
         except sc.ContractError as e:
             err = f"invalid inventory: {e}"
-    alloc = sc.node_allocatable(node, resource)
+        if inv is not None:
+            gpus = tuple(
+                GPU(g.uuid, g.index, g.model, g.numa, g.memory_schedulable, g.cores, g.split_count, g.health)
+                for g in sorted(inv.gpus, key=lambda g: g.index)
+            )
+    alloc = sc.allocatable_count(alloc_text)
     used: sc.NodeUsage | None = None
-    text_used = (meta.get("annotations") or {}).get(sc.USAGE_ANNOTATION)
+    text_used = annotations.get(sc.USAGE_ANNOTATION)
     if text_used:
         try:
             used = sc.decode_usage(text_used)
@@ -104,16 +126,145 @@ def node_info(node: dict[str, Any], resource: str = sc.RESOURCE_GPU) -> NodeInfo
             # Unreadable: the slices it would name are unknown; the node offers nothing rather
             # than over-committing what it may hold.
             err = err or f"invalid usage: {e}"
-            inv = None
-    gpus: tuple[GPU, ...] = ()
-    if inv is not None:
-        gpus = tuple(
-            GPU(g.uuid, g.index, g.model, g.numa, g.memory_schedulable, g.cores, g.split_count, g.health)
-            for g in sorted(inv.gpus, key=lambda g: g.index)
-        )
-    totals = (sum(g.memory for g in gpus), sum(g.cores for g in gpus), sum(g.slots for g in gpus))
-    shape = (totals, tuple((g.memory, g.cores, g.slots) for g in gpus))
-    return NodeInfo(name, inv, err, alloc, dict(meta.get("labels") or {}), gpus, totals, used, shape)
+            inv, gpus = None, ()
+    if prev is not None and prev.gpus is gpus:
+        totals, shape = prev.totals, prev.shape
+    else:
+        totals = (sum(g.memory for g in gpus), sum(g.cores for g in gpus), sum(g.slots for g in gpus))
+        shape = (totals, tuple((g.memory, g.cores, g.slots) for g in gpus))
+    return NodeInfo(name, inv, err, alloc, labels, gpus, totals, used, shape, rv, key if inv is not None else 0)
+
+
+# ----- what the watches and lists bring, decoded into the fields kept (msgspec skips the rest) ----
+class _ObjMeta(msgspec.Struct):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    annotations: dict[str, str] | None = None
+    deletionTimestamp: str | None = None
+
+
+class _Container(msgspec.Struct):
+    name: str = ""
+    restartPolicy: str | None = None
+
+
+class _PodSpec(msgspec.Struct):
+    nodeName: str = ""
+    priority: int | None = None
+    initContainers: list[_Container] | None = None
+
+
+class _PodStatus(msgspec.Struct):
+    phase: str = ""
+    startTime: str | None = None
+
+
+class _Pod(msgspec.Struct):
+    metadata: _ObjMeta = msgspec.field(default_factory=_ObjMeta)
+    spec: _PodSpec = msgspec.field(default_factory=_PodSpec)
+    status: _PodStatus = msgspec.field(default_factory=_PodStatus)
+
+
+class _NodeStatus(msgspec.Struct):
+    allocatable: dict[str, str] | None = None
+
+
+class _Node(msgspec.Struct):
+    metadata: _ObjMeta = msgspec.field(default_factory=_ObjMeta)
+    status: _NodeStatus = msgspec.field(default_factory=_NodeStatus)
+
+
+class _ListMeta(msgspec.Struct):
+    resourceVersion: str = ""
+
+
+class _PodList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[_Pod] | None = None
+
+
+class _NodeList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[_Node] | None = None
+
+
+_pod_dec = msgspec.json.Decoder(_Pod)
+_node_dec = msgspec.json.Decoder(_Node)
+_pod_list_dec = msgspec.json.Decoder(_PodList)
+_node_list_dec = msgspec.json.Decoder(_NodeList)
+
+
+class DecodeError(ValueError):
+    """A Pod or Node (or list) that is not one."""
+
+
+def _rec_of(p: _Pod) -> PodRec:
+    m, spec, st = p.metadata, p.spec, p.status
+    ann = m.annotations or {}
+    text = ann.get(sc.DECISION_ANNOTATION)
+    dec: sc.Decision | None = None
+    if text:
+        try:
+            dec = sc.decode_decision(text)
+        except sc.ContractError as e:
+            log.warning("pod %s/%s: ignoring its decision: %s", m.namespace, m.name, e)
+    return PodRec(
+        uid=m.uid or f"{m.namespace}/{m.name}",
+        namespace=m.namespace,
+        name=m.name,
+        node=spec.nodeName,
+        phase=st.phase,
+        deleting=bool(m.deletionTimestamp),
+        decision=dec,
+        resource_version=m.resourceVersion,
+        priority=spec.priority or 0,
+        start=st.startTime or "",
+        inits=tuple(c.name for c in spec.initContainers or () if c.restartPolicy != "Always"),
+        mirror=ann.get(sc.MIRROR_ANNOTATION) or "",
+    )
+
+
+def decode_pod(data: bytes) -> PodRec:
+    """A Pod's JSON (a watch event's object) into what the scheduler keeps of it."""
+    try:
+        return _rec_of(_pod_dec.decode(data))
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"not a Pod: {e}") from None
+
+
+def decode_pod_list(data: bytes) -> tuple[list[PodRec], str]:
+    """A PodList's JSON into (records, the list's resourceVersion); no Pod is kept whole."""
+    try:
+        doc = _pod_list_dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"not a PodList: {e}") from None
+    return [_rec_of(p) for p in doc.items or ()], doc.metadata.resourceVersion
+
+
+def _info_of(n: _Node, resource: str, prev: NodeInfo | None) -> NodeInfo:
+    m = n.metadata
+    alloc = (n.status.allocatable or {}).get(resource)
+    return _node_info(m.name, m.resourceVersion, m.annotations or {}, alloc, {}, prev)
+
+
+def decode_node(data: bytes, resource: str, kept: Callable[[str], NodeInfo | None] | None = None) -> NodeInfo:
+    """A Node's JSON into what the scheduler keeps of it; `kept(name)`: the record kept for that
+    node, whose inventory is reused when its text is unchanged (only decoded when it changed)."""
+    try:
+        n = _node_dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"not a Node: {e}") from None
+    return _info_of(n, resource, kept(n.metadata.name) if kept is not None else None)
+
+
+def decode_node_list(data: bytes, resource: str) -> tuple[list[NodeInfo], str]:
+    try:
+        doc = _node_list_dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise DecodeError(f"not a NodeList: {e}") from None
+    return [_info_of(n, resource, None) for n in doc.items or ()], doc.metadata.resourceVersion
 
 
 def node_view(info: NodeInfo, now: float, stale_after_s: float) -> NodeView:
@@ -144,6 +295,8 @@ class PodRec(msgspec.Struct, frozen=True, gc=False):
     resource_version: str = ""
     priority: int = 0  # spec.priority (admission sets it from the PriorityClass); absent: 0
     start: str = ""  # status.startTime (RFC 3339, sorts as text); "" while not started
+    inits: tuple[str, ...] = ()  # init containers that are not restartable (vgpu.scheduling.pod_usage)
+    mirror: str = ""  # a mirror pod: the UID the kubelet knows its static pod by (sc.MIRROR_ANNOTATION)
 
     @property
     def key(self) -> str:
@@ -170,6 +323,8 @@ def pod_rec(pod: dict[str, Any]) -> PodRec:
         resource_version=meta.get("resourceVersion") or "",
         priority=_int((pod.get("spec") or {}).get("priority")),
         start=str((pod.get("status") or {}).get("startTime") or ""),
+        inits=sc.blocking_inits(pod),
+        mirror=str((meta.get("annotations") or {}).get(sc.MIRROR_ANNOTATION) or ""),
     )
 
 
@@ -182,10 +337,9 @@ def _int(v: Any) -> int:
 
 def decision_usage(d: sc.Decision, allocated: frozenset[str] | set[str] = frozenset()) -> dict[str, Use]:
     """A decision's effective usage per GPU UUID: max(any init container, sum of app containers),
-    less the containers the node already published (`allocated`).
-
-    The rule lives once, in vgpu.scheduling.decision_usage (vgpuctl cluster reads the same)."""
-    return {uuid: Use(u.memory, u.cores, u.slots) for uuid, u in sc.decision_usage(d, allocated).items()}
+    less the containers the node already published (`allocated`). The rule lives once, in
+    vgpu.scheduling (vgpuctl cluster reads the same)."""
+    return sc.decision_usage(d, allocated)
 
 
 def counts(p: PodRec) -> str:
@@ -198,12 +352,22 @@ Usage = dict[str, dict[str, Use]]  # node -> GPU UUID -> used
 
 
 def usage_of(
-    pods: list[PodRec], nodes: list[NodeInfo] | None = None, reserved: dict[str, sc.Decision] | None = None
+    pods: list[PodRec],
+    nodes: list[NodeInfo] | None = None,
+    reserved: dict[str, sc.Decision] | None = None,
+    unknown_holds: Callable[[str, str], bool] | None = None,
 ) -> Usage:
     """Usage recomputed from scratch (what the incremental accounting must always equal): per node,
     vgpu.scheduling.node_usage of its published slices and of the decisions holding GPUs there
-    (a reservation, `reserved`: pod UID -> decision, stands for the pod's decision)."""
-    live = {p.uid: p.phase not in sc.TERMINATED_PHASES for p in pods}
+    (a reservation, `reserved`: pod UID -> decision, stands for the pod's decision).
+
+    A pod's published slices hold while it is not Succeeded/Failed (`pods`, by UID or, for a mirror
+    pod, by its static pod's UID); for a pod UID none of `pods` has, `unknown_holds(node, uid)`
+    answers (the state: its pod watch has not reached the node's version yet; default: no)."""
+    by_uid: dict[str, PodRec] = {p.uid: p for p in pods}
+    for p in pods:
+        if p.mirror and p.mirror not in by_uid:
+            by_uid[p.mirror] = p
     held: dict[str, dict[str, sc.Decision]] = {}
     for p in pods:
         d = (reserved or {}).get(p.uid)
@@ -213,11 +377,18 @@ def usage_of(
             node, d = counts(p), p.decision
         if node and d is not None:
             held.setdefault(node, {})[p.uid] = d
+    inits = {uid: p.inits for uid, p in by_uid.items()}
     slices = {n.name: n.used.slices for n in nodes or [] if n.used is not None}
     usage: Usage = {}
     for node in held.keys() | slices.keys():
-        per = sc.node_usage(slices.get(node, []), held.get(node, {}), live)
-        usage[node] = {uuid: Use(u.memory, u.cores, u.slots) for uuid, u in per.items()}
+
+        def holds(uid: str, node: str = node) -> bool:
+            p = by_uid.get(uid)
+            if p is not None:
+                return p.phase not in sc.TERMINATED_PHASES
+            return unknown_holds(node, uid) if unknown_holds is not None else False
+
+        usage[node] = sc.node_usage(slices.get(node, []), held.get(node, {}), holds, inits)
     return usage
 
 

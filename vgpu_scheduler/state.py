@@ -1,10 +1,12 @@
 """The scheduler's view of the cluster, kept from the API (list, then watch; relist on 410).
 
 Usage is never state of its own. Per node it is what the node published as handed out (the
-`vgpu.k8s.io/node-usage` annotation of its device plugin) plus the decisions of the pods holding
-GPUs there that the node has not published yet (vgpu.scheduling.node_usage), plus this replica's
-reservations: a filter's choice is held in memory from the filter until bind writes it (the
-filter makes no API call), and it expires after `reservation_ttl_s` when no bind comes. The sums
+`vgpu.k8s.io/node-usage` annotation of its device plugin: slices named by the pods holding them,
+which hold while those pods run, although the records behind them outlive the pods) plus the
+decisions of the pods holding GPUs there that the node has not published yet
+(vgpu.scheduling.node_usage, pod_usage), plus this replica's reservations: a filter's choice is
+held in memory from the filter until bind writes it (the filter makes no API call), and it
+expires after `reservation_ttl_s` when no bind comes. The sums
 are maintained incrementally per pod and per node, and `recomputed()` derives them from scratch
 (`snapshot.usage_of`): tests and the benchmark check both always agree (`drift_bytes`). They are
 rebuilt from a fresh list on start, on watch expiry and when a replica starts serving (which also
@@ -25,7 +27,9 @@ filter walks these lists and stops at the first fit instead of fitting every nod
 from __future__ import annotations
 
 import bisect
+import ctypes
 import gc
+import heapq
 import logging
 import threading
 import time
@@ -45,6 +49,9 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MAX_TOMBSTONES = 20_000
 GC_FREEZE_S = 10.0
+# Slices named with a pod UID the scheduler does not know count this long when the Node's
+# resourceVersion is not a number (the pod watch's lag cannot be compared with it).
+UNKNOWN_POD_GRACE_S = 60.0
 PerGPU = dict[str, Use]
 
 
@@ -71,6 +78,31 @@ class Summary(msgspec.Struct, gc=False):
     max_free_mem: int
     max_free_cores: int
     gpus_with_slot: int
+
+
+def _settle_after_list() -> None:
+    """After a list: the relisted records are long-lived and acyclic, so they leave the cyclic
+    GC's full collections, which otherwise walk all of them (100-200 ms pauses measured at 5,000
+    pods, long enough for a filter to miss its deadline); garbage is collected first so none is
+    frozen. Then the memory the list's text and its decoding took goes back to the system
+    (glibc keeps freed heap otherwise: issue 15 saw 196 MiB after a relist at 5,000 nodes)."""
+    gc.collect()
+    gc.freeze()
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim: Any = None
 
 
 def _add(per: PerGPU, other: PerGPU, sign: int) -> None:
@@ -102,9 +134,18 @@ class ClusterState:
         self.usage: Usage = {}
         self._contrib: dict[str, dict[str, PerGPU]] = {}  # uid -> node -> what the pod holds there
         self._on: dict[str, set[str]] = {}  # node -> uids holding something there
-        self._base: dict[str, PerGPU] = {}  # node -> published slices no pod UID is tagged on
-        self._tags: dict[str, dict[str, tuple[PerGPU, set[str]]]] = {}  # node -> uid -> (slices, containers)
-        self._tagged_on: dict[str, set[str]] = {}  # uid -> nodes with slices tagged with it
+        self._base: dict[str, PerGPU] = {}  # node -> published slices no pod UID is named on
+        self._tags: dict[str, dict[str, dict[str, PerGPU]]] = {}  # node -> uid -> container -> published
+        self._tagged_on: dict[str, set[str]] = {}  # uid -> nodes with slices named with it
+        self._alias: dict[str, str] = {}  # a static pod's UID (kubelet's) -> its mirror pod's UID
+        # Slices named with a pod UID this replica does not know, published before its pod watch
+        # reached that point: (node, uid) -> (the Node's resourceVersion, monotonic time) when
+        # first seen. They count until the watch passes that version ("Usage accounting").
+        self.pod_rv = -1  # how far the pod watch (or list) has come
+        self._unknown: dict[tuple[str, str], tuple[int, float]] = {}
+        self._unknown_rv: list[tuple[int, str, str]] = []  # heap of (node version, node, uid)
+        self._prev_unknown: dict[tuple[str, str], tuple[int, float]] = {}
+        self._timed: set[tuple[str, str]] = set()  # those of them whose version is not a number
         # Generation of each node's inputs to fit (its NodeInfo and its usage); with `epoch` it keys
         # the fit memo: an unchanged node is not fitted again for a request shape seen before.
         self.gens: dict[str, int] = {}
@@ -116,6 +157,7 @@ class ClusterState:
         self._views: dict[str, tuple[NodeInfo, NodeView]] = {}
         self.ready = threading.Event()
         self.relists = 0
+        self.last_relist_s = 0.0  # how long the last list (and its rebuild) took
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -126,9 +168,31 @@ class ClusterState:
         self.gens[node] = self.gens.get(node, 0) + 1
         self._reindex(node)
 
-    def _pod_live(self, uid: str) -> bool:
+    def _pod_of(self, uid: str) -> PodRec | None:
+        """The pod a published slice names: by UID, or the mirror pod of a static pod."""
         rec = self.pods.get(uid)
-        return rec is not None and rec.phase not in sc.TERMINATED_PHASES
+        if rec is None and self._alias:
+            real = self._alias.get(uid)
+            if real is not None:
+                rec = self.pods.get(real)
+        return rec
+
+    def _published_holds(self, uid: str, node: str) -> bool:
+        """Whether the slices `node` published for pod `uid` hold their GPUs: while the pod exists
+        and is not Succeeded/Failed (kubelet marks a pod terminal only once its containers have
+        stopped: status_manager.go mergePodStatus; and its device manager then frees the devices,
+        manager.go UpdateAllocatedDevices over activePods), or while it is not known because the
+        pod watch has not reached the version of the Node that first named it."""
+        rec = self._pod_of(uid)
+        if rec is not None:
+            return rec.phase not in sc.TERMINATED_PHASES
+        if uid in self._tombstones:
+            return False
+        return (node, uid) in self._unknown
+
+    def unknown_holds(self, node: str, uid: str) -> bool:
+        """For a pod UID that no kept pod has: whether its slices on `node` count (recomputed())."""
+        return uid not in self._tombstones and (node, uid) in self._unknown
 
     def holding(self, uid: str) -> tuple[str, sc.Decision | None]:
         """(node, decision) whose GPUs the pod holds: its counted reservation, else its API decision."""
@@ -143,18 +207,28 @@ class ClusterState:
         return snapshot.counts(rec), rec.decision
 
     def _contribution(self, uid: str) -> dict[str, PerGPU]:
+        """What the pod holds per node: on each node, vgpu.scheduling.pod_usage of the slices the
+        node published for it (while they hold) and of its decision if it holds GPUs there."""
         out: dict[str, PerGPU] = {}
-        if self._pod_live(uid):
-            for node in self._tagged_on.get(uid, ()):
-                tagged = self._tags.get(node, {}).get(uid)
-                if tagged is not None:
-                    _add(out.setdefault(node, {}), tagged[0], +1)
-        node, d = self.holding(uid)
-        if node and d is not None:
-            tagged = self._tags.get(node, {}).get(uid)
-            part = snapshot.decision_usage(d, tagged[1] if tagged is not None else frozenset())
+        node_d, d = self.holding(uid)
+        rec = self._pod_of(uid)
+        inits = rec.inits if rec is not None else None
+        on = self._tagged_on.get(uid)
+        if on:
+            for node in on:
+                pub = self._tags.get(node, {}).get(uid)
+                if pub is not None and not self._published_holds(uid, node):
+                    pub = None
+                dec = d if node == node_d else None
+                if pub is None and dec is None:
+                    continue
+                part = sc.pod_usage(pub, dec, inits)
+                if part:
+                    out[node] = part
+        if node_d and d is not None and not (on and node_d in on):
+            part = sc.pod_usage(None, d, inits)
             if part:
-                _add(out.setdefault(node, {}), part, +1)
+                out[node_d] = part
         return out
 
     def _recount(self, uid: str, touched: set[str] | None = None) -> None:
@@ -182,36 +256,89 @@ class ClusterState:
             for node in nodes:
                 self._touch(node)
 
-    def _set_used(self, name: str, used: sc.NodeUsage | None) -> None:
-        """Replace what node `name` published (its base, its tags) and recount the pods concerned."""
-        base: PerGPU = {}
-        tags: dict[str, tuple[PerGPU, set[str]]] = {}
-        for s in used.slices if used is not None else ():
-            if s.pod:
-                per, names = tags.setdefault(s.pod, ({}, set()))
-                names.add(s.container)
-                _add(per, {s.gpu: Use(s.memory, s.cores, 1)}, +1)
-            else:
-                _add(base, {s.gpu: Use(s.memory, s.cores, 1)}, +1)
+    def _set_used(self, name: str, used: sc.NodeUsage | None, rv: str = "") -> None:
+        """Replace what node `name` published (its base, its named slices) and recount the pods
+        concerned; `rv`: the Node's resourceVersion."""
+        base, tags = sc.split_slices(used.slices if used is not None else ())
         old_tags = self._tags.get(name, {})
         if base == self._base.get(name, {}) and tags == old_tags:
             return
+        for uid in tags.keys() - old_tags.keys():
+            self._first_seen(name, uid, rv)
+        for uid in old_tags.keys() - tags.keys():
+            self._unknown.pop((name, uid), None)
         _add(self.usage.setdefault(name, {}), self._base.get(name, {}), -1)
         _add(self.usage[name], base, +1)
         self._base[name] = base
         self._tags[name] = tags
         for uid in old_tags.keys() - tags.keys():
-            self._tagged_on.get(uid, set()).discard(name)
+            on = self._tagged_on.get(uid)
+            if on is not None:
+                on.discard(name)
+                if not on:
+                    del self._tagged_on[uid]
         for uid in tags:
             self._tagged_on.setdefault(uid, set()).add(name)
-        # Only a pod whose tags here changed holds something else now (a contribution depends on
-        # the pod's own tags and decision alone).
+        # Only a pod whose slices here changed holds something else now (a contribution depends on
+        # the pod's own slices and decision alone).
         touched = {name}
         for uid in old_tags.keys() | tags.keys():
             if old_tags.get(uid) != tags.get(uid):
                 self._recount(uid, touched)
         for node in touched:
             self._touch(node)
+
+    # ----- slices of pods not known yet -----
+    def _first_seen(self, node: str, uid: str, rv: str) -> None:
+        """A slice named with `uid` appeared on `node`. If no pod of that UID is known, it is either
+        one the pod watch has not brought yet or one deleted before this replica listed (after a
+        restart, a relist): the kubelet admits only pods that exist in the API, and the device
+        plugin names a slice only after the kubelet admitted its pod (its checkpoint entry), so the
+        pod was created before this Node version. Once the pod watch has passed that version
+        (resourceVersions of one etcd are one sequence: comparable across pods and nodes, as
+        kube-apiserver's etcd3 store makes them), a pod it does not have is gone. Until then the
+        slices count. A resourceVersion that is not a number gives UNKNOWN_POD_GRACE_S instead."""
+        key = (node, uid)
+        if self._pod_of(uid) is not None or uid in self._tombstones:
+            return
+        prev = self._prev_unknown.get(key)
+        k, t = prev if prev is not None else (_rv_key(rv), self.monotonic())
+        if 0 <= k <= self.pod_rv:
+            return  # the pod watch is past it: that pod is gone
+        self._unknown[key] = (k, t)
+        if k >= 0:
+            heapq.heappush(self._unknown_rv, (k, node, uid))
+        else:
+            self._timed.add(key)
+
+    def note_pod_rv(self, rv: str) -> None:
+        """The pod watch (or a pod list) has come to `rv`: slices of pods unknown at a Node version
+        up to it stop counting. Call under lock."""
+        k = _rv_key(rv)
+        if k <= self.pod_rv:
+            return
+        self.pod_rv = k
+        heap = self._unknown_rv
+        while heap and heap[0][0] <= k:
+            v, node, uid = heapq.heappop(heap)
+            cur = self._unknown.get((node, uid))
+            if cur is not None and cur[0] == v:
+                del self._unknown[(node, uid)]
+                self._recount(uid)
+
+    def _expire_unknown(self) -> None:
+        """Slices of unknown pods first seen at a version that is not a number: UNKNOWN_POD_GRACE_S."""
+        if not self._timed:
+            return
+        now = self.monotonic()
+        for key in list(self._timed):
+            cur = self._unknown.get(key)
+            if cur is None or cur[0] >= 0:
+                self._timed.discard(key)
+            elif now - cur[1] >= UNKNOWN_POD_GRACE_S:
+                self._timed.discard(key)
+                del self._unknown[key]
+                self._recount(key[1])
 
     # ----- the filter's index -----
     def _fraction(self, name: str, info: NodeInfo) -> float:
@@ -276,7 +403,9 @@ class ClusterState:
 
     # ----- applying objects (all under the lock) -----
     def apply_pod(self, obj: Obj, deleted: bool = False) -> None:
-        rec = snapshot.pod_rec(obj)
+        self.apply_pod_rec(snapshot.pod_rec(obj), deleted)
+
+    def apply_pod_rec(self, rec: PodRec, deleted: bool = False) -> None:
         key = _rv_key(rec.resource_version)
         with self.lock:
             cur = self._keys.get(rec.uid)
@@ -286,8 +415,11 @@ class ClusterState:
                     self.pods.pop(rec.uid, None)
                     self._keys.pop(rec.uid, None)
                 self.reservations.pop(rec.uid, None)
+                self._tombstones[rec.uid] = key  # first: its published slices no longer hold
                 self._recount(rec.uid)
-                self._tombstones[rec.uid] = key
+                if rec.mirror and self._alias.get(rec.mirror) == rec.uid:
+                    del self._alias[rec.mirror]
+                    self._recount(rec.mirror)
                 if len(self._tombstones) > MAX_TOMBSTONES:
                     # A tombstone only has to outlive the late answers of its pod (seconds): the
                     # oldest half goes (dicts keep insertion order).
@@ -304,19 +436,27 @@ class ClusterState:
             if res is not None and rec.decision == res.decision and rec.node in ("", res.decision.node):
                 del self.reservations[rec.uid]  # written (bind's patch): the API holds it now
             self._recount(rec.uid)
+            if rec.mirror:
+                self._alias[rec.mirror] = rec.uid
+                self._recount(rec.mirror)  # the slices the kubelet named with its static pod's UID
 
     def apply_node(self, obj: Obj, deleted: bool = False) -> None:
-        info = snapshot.node_info(obj, self.cfg.resource_name)
+        self.apply_node_info(snapshot.node_info(obj, self.cfg.resource_name), deleted)
+
+    def apply_node_info(self, info: NodeInfo, deleted: bool = False) -> None:
         with self.lock:
             if deleted:
                 self.nodes.pop(info.name, None)
                 self._set_used(info.name, None)
             else:
                 self.nodes[info.name] = info
-                self._set_used(info.name, info.used)
+                self._set_used(info.name, info.used, info.resource_version)
             self._touch(info.name)
 
     def replace_pods(self, items: list[Obj], list_rv: str = "") -> None:
+        self.replace_pod_recs([snapshot.pod_rec(o) for o in items], list_rv)
+
+    def replace_pod_recs(self, items: list[PodRec], list_rv: str = "") -> None:
         """A fresh list (as of list_rv) replaces the records, except where this replica knows better.
 
         Kept: a record newer than its listed version (a watch event or a patch answer applied
@@ -328,8 +468,7 @@ class ClusterState:
         with self.lock:
             pods: dict[str, PodRec] = {}
             keys: dict[str, int] = {}
-            for obj in items:
-                rec = snapshot.pod_rec(obj)
+            for rec in items:
                 k = _rv_key(rec.resource_version)
                 cur = self._keys.get(rec.uid)
                 tomb = self._tombstones.get(rec.uid)
@@ -343,34 +482,34 @@ class ClusterState:
                 if uid not in pods and lrv >= 0 and cur > lrv:
                     pods[uid], keys[uid] = self.pods[uid], cur
             self.pods, self._keys = pods, keys
+            self._alias = {r.mirror: uid for uid, r in pods.items() if r.mirror}
             self._tombstones = {u: t for u, t in self._tombstones.items() if lrv >= 0 and t > lrv}
             self.reservations = {u: r for u, r in self.reservations.items() if u in pods}
+            self.pod_rv = max(self.pod_rv, lrv)  # every pod that existed at list_rv is in the list
             self._rebuild()
-        # The relisted records are long-lived and acyclic: move them out of the cyclic GC's full
-        # collections, which otherwise walk all of them (100-200 ms pauses measured at 5,000 pods,
-        # long enough for a filter to miss its deadline). Collect first so no garbage is frozen.
-        gc.collect()
-        gc.freeze()
+        _settle_after_list()
 
     def replace_nodes(self, items: list[Obj]) -> None:
+        self.replace_node_infos([snapshot.node_info(o, self.cfg.resource_name) for o in items])
+
+    def replace_node_infos(self, items: list[NodeInfo]) -> None:
         with self.lock:
-            self.nodes = {}
-            for obj in items:
-                info = snapshot.node_info(obj, self.cfg.resource_name)
-                self.nodes[info.name] = info
+            self.nodes = {info.name: info for info in items}
             self._rebuild()
-        gc.collect()  # as in replace_pods: thousands of long-lived node records out of the GC's walks
-        gc.freeze()
+        _settle_after_list()
 
     def _rebuild(self) -> None:
         """All sums from scratch (after a list). Call under lock."""
         self.usage, self._contrib, self._on = {}, {}, {}
         self._base, self._tags, self._tagged_on = {}, {}, {}
         self._index, self._ikey, self._summary = {}, {}, {}
+        # Unknown pods' slices are seen again; each keeps the version it was first seen at.
+        self._prev_unknown, self._unknown, self._unknown_rv, self._timed = self._unknown, {}, [], set()
         self.epoch += 1
         self.memo.clear()
         for name, info in self.nodes.items():
-            self._set_used(name, info.used)
+            self._set_used(name, info.used, info.resource_version)
+        self._prev_unknown = {}
         for uid in list(self.pods.keys() | self.reservations.keys()):
             self._recount(uid)
         for name in self.nodes:
@@ -396,6 +535,7 @@ class ClusterState:
     def expire(self) -> None:
         """Reservations whose bind did not come in time stop counting; kept as long again so a late
         bind can still re-check its decision against the usage of now. Call under lock."""
+        self._expire_unknown()
         now = self.monotonic()
         ttl = self.cfg.reservation_ttl_s
         while self.reservations:
@@ -489,7 +629,7 @@ class ClusterState:
     def recomputed(self) -> Usage:
         with self.lock:
             reserved = {u: r.decision for u, r in self.reservations.items() if r.counted}
-            return snapshot.usage_of(list(self.pods.values()), list(self.nodes.values()), reserved)
+            return snapshot.usage_of(list(self.pods.values()), list(self.nodes.values()), reserved, self.unknown_holds)
 
     def limits(self) -> tuple[int, int, int]:
         """(most GPUs on one node, most schedulable memory of one GPU, most cores of one GPU) now offered."""
@@ -502,17 +642,40 @@ class ClusterState:
         return most_gpus, most_mem, most_cores
 
     # ----- sync with the API -----
+    def _list(self, kind: str) -> str:
+        """List pods or nodes and replace what is kept; returns the list's resourceVersion."""
+        assert self.kube is not None
+        if kind == "pods":
+            recs, rv = snapshot.decode_pod_list(self.kube.list_raw("pods"))
+            self.replace_pod_recs(recs, rv)
+        else:
+            infos, rv = snapshot.decode_node_list(
+                self.kube.list_raw("nodes", self.cfg.node_label_selector), self.cfg.resource_name
+            )
+            self.replace_node_infos(infos)
+        return rv
+
     def resync(self) -> None:
         """List nodes and pods now (start, leadership, watch expiry); reservations of an earlier
-        term are dropped (their binds are refused while this replica did not serve)."""
+        term are dropped (their binds are refused while this replica did not serve). Nodes first:
+        every pod a Node's usage names was created before the pods' list (see _first_seen)."""
         assert self.kube is not None
-        nodes, _ = self.kube.list_nodes(self.cfg.node_label_selector)
-        pods, rv = self.kube.list_pods()
+        t = time.monotonic()
         with self.lock:
             self.reservations = {}
-        self.replace_nodes(nodes)
-        self.replace_pods(pods, rv)
+        self._list("nodes")
+        self._list("pods")
         self.relists += 1
+        self.last_relist_s = time.monotonic() - t
+        log.info("relisted nodes and pods in %.2f s", self.last_relist_s)
+
+    def _apply_event(self, kind: str, etype: str, raw: bytes) -> None:
+        deleted = etype == "DELETED"
+        if kind == "pods":
+            self.apply_pod_rec(snapshot.decode_pod(raw), deleted)
+        else:
+            # The record kept for the node lets an unchanged inventory go undecoded.
+            self.apply_node_info(snapshot.decode_node(raw, self.cfg.resource_name, self.nodes.get), deleted)
 
     def _loop(self, kind: str) -> None:
         assert self.kube is not None
@@ -521,32 +684,30 @@ class ClusterState:
         while not self._stop.is_set():
             try:
                 if not rv:
-                    if kind == "pods":
-                        items, rv = self.kube.list_pods()
-                        self.replace_pods(items, rv)
-                    else:
-                        items, rv = self.kube.list_nodes(self.cfg.node_label_selector)
-                        self.replace_nodes(items)
+                    t = time.monotonic()
+                    rv = self._list(kind)
                     with self.lock:
                         self.relists += 1
+                    self.last_relist_s = time.monotonic() - t
                     self._synced(kind)
-                for etype, obj in self.kube.watch(kind, rv, 60, self.cfg.node_label_selector):
+                for etype, ev_rv, raw in self.kube.watch_raw(kind, rv, 60, self.cfg.node_label_selector):
                     if self._stop.is_set():
                         return
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                    if etype == "BOOKMARK":
-                        continue
+                    rv = ev_rv or rv
+                    if etype != "BOOKMARK":
+                        try:
+                            self._apply_event(kind, etype, bytes(raw))
+                        except snapshot.DecodeError as e:
+                            log.warning("%s watch: skipping an event: %s", kind, e)
                     if kind == "pods":
-                        self.apply_pod(obj, deleted=etype == "DELETED")
-                    else:
-                        self.apply_node(obj, deleted=etype == "DELETED")
-                    if kind == "pods":
+                        with self.lock:
+                            self.note_pod_rv(rv)  # events come in resourceVersion order
                         self._settle_gc()
                 backoff = 0.2
             except Expired:
                 log.info("%s watch expired: relisting", kind)
                 rv = ""
-            except APIFailure as e:
+            except (APIFailure, snapshot.DecodeError) as e:
                 if self._stop.is_set():
                     return
                 log.warning("%s watch: %s", kind, e)

@@ -38,6 +38,25 @@ def _median_of(n: int, cmd: list[str], stdin: bytes = b"") -> float:
     return statistics.median(_time(cmd, stdin) for _ in range(n))
 
 
+def _host_python() -> str:
+    """The interpreter the installed hook runs with: the node's python3 (node_setup.hostpython
+    picks /usr/bin/python3 first), else this one. BENCH_HOOK_PYTHON overrides."""
+    want = os.environ.get("BENCH_HOOK_PYTHON")
+    if want:
+        return want
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(cand, os.X_OK):
+            r = subprocess.run(
+                [cand, "-I", "-S", "-c", "import sys; print(sys.version_info >= (3, 9))"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if r.stdout.strip() == "True":
+                return cand
+    return sys.executable
+
+
 def _site_packages() -> str:
     import sysconfig
 
@@ -55,8 +74,10 @@ def main() -> int:
         state = tmp / "state"
         state.mkdir()
         token = support.write_record(state)
-        installed = support.hooks(state, lib, tmp / "log", shell=True)  # as `containerd install` writes it
-        python_only = support.hooks(state, lib, tmp / "log", shell=False)  # python3 -I -S fastpath.py
+        hook_py = _host_python()  # as on a node: vgpu-node-setup points the hook at the host's python3
+        print(f"hook_python={hook_py}")
+        installed = support.hooks(state, lib, tmp / "log", shell=True, python=hook_py)  # as `containerd install`
+        python_only = support.hooks(state, lib, tmp / "log", shell=False, python=hook_py)  # python3 -I -S fastpath.py
         rootfs = support.make_rootfs(tmp / "rootfs")
         env = [f"VGPU_ALLOCATION_TOKEN={token}"]
         bundles = {
@@ -96,22 +117,23 @@ def main() -> int:
         print(f"hook_overhead_ms_vgpu_python_only={med['vgpu_python'] - med['none']:.1f}")
 
         # Where the time of one no-token invocation goes (median of 20 each).
-        py = sys.executable
+        py = hook_py
         bundle = bundles["plain_python"]
         st = f'{{"ociVersion":"1.0.2","id":"x","pid":1,"status":"creating","bundle":"{bundle}"}}'.encode()
         n = 20
         print(f"python_startup_ms_isolated={_median_of(n, [py, '-I', '-S', '-c', 'pass']):.1f}")
         print(f"python_startup_ms_site={_median_of(n, [py, '-c', 'pass']):.1f}")
-        args = support.hook_args("prestart", state_dir=state, library=lib, log_dir=tmp / "log")
+        args = support.hook_args("prestart", state_dir=state, library=lib, log_dir=tmp / "log", python=py)
         print(f"hook_prestart_notoken_ms_fastpath={_median_of(n, args, st):.1f}")
-        entry = shutil.which("vgpu-hook", path=os.path.dirname(py)) or ""
+        entry = shutil.which("vgpu-hook", path=os.path.dirname(sys.executable)) or ""
         if entry:
             print(f"hook_prestart_notoken_ms_entry_point={_median_of(n, [entry, *args[4:]], st):.1f}")
         print(f"hook_poststop_notoken_ms_fastpath={_median_of(n, [*args[:-1], 'poststop'], st):.1f}")
         filt = installed["prestart"][0]["args"]
         print(f"hook_prestart_notoken_ms_shell_filter={_median_of(n, filt, st):.1f}")
-        imp = [py, "-I", "-S", "-c", f"import sys; sys.path.append({str(_site_packages())!r}); import msgspec"]
-        print(f"msgspec_import_ms={_median_of(n, imp) - _median_of(n, [py, '-I', '-S', '-c', 'pass']):.1f}")
+        me = sys.executable  # msgspec is installed for this one
+        imp = [me, "-I", "-S", "-c", f"import sys; sys.path.append({str(_site_packages())!r}); import msgspec"]
+        print(f"msgspec_import_ms={_median_of(n, imp) - _median_of(n, [me, '-I', '-S', '-c', 'pass']):.1f}")
         ok = plain <= TARGET_PLAIN_MS and vgpu <= TARGET_VGPU_MS
         print(
             f"summary: installed hook overhead on runc run (median of {runs}): plain {plain:.1f} ms "

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.kubeapi import KubeAPI, node_object, pod_object
+from vgpu import cluster as vcluster
 from vgpu import scheduling as sc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,29 +155,55 @@ def test_unreachable(tmp_path: Path) -> None:
     assert r.returncode == 1 and "no kubeconfig" in r.stderr
 
 
-def test_published_slices_counted_once(cluster: tuple[KubeAPI, Path]) -> None:
-    """Slices the node handed out: those no decision names count, a decided pod's own counts once."""
+def test_published_slices_named_by_their_pods_counted_once(cluster: tuple[KubeAPI, Path]) -> None:
+    """Slices the node handed out: each is shown with its pod, a decided pod's own counts once, an
+    init container's and its app containers' slices by max(init, sum(app)), an ended or deleted
+    pod's slices do not count although its records stay, a static pod is found by its mirror."""
     api, kc = cluster
     train = api.get("pods", "train")["metadata"]["uid"]
+    job = api.get("pods", "job")["metadata"]["uid"]
+    # another scheduler's pod (no decision), one that finished, a static pod's mirror
+    for name, phase, ann in (
+        ("other", "Running", {}),
+        ("finished", "Succeeded", {}),
+        ("static-x", "Running", {sc.MIRROR_ANNOTATION: "static-hash"}),
+    ):
+        api.create("pods", pod_object(name, [("main", {"nvidia.com/gpu": "1"})], annotations=ann))
+        api.bind(name, "default", "node-a")
+        api.patch("pods", name, {"status": {"phase": phase}}, "default")
+    other = api.get("pods", "other")["metadata"]["uid"]
+    finished = api.get("pods", "finished")["metadata"]["uid"]
     used = sc.NodeUsage(
         time=time.time(),
         slices=[
-            sc.UsedSlice(gpu=A0, memory=6144 * MiB, cores=10),  # another scheduler's pod: 2 slots
-            sc.UsedSlice(gpu=A0, memory=6144 * MiB, cores=10),
+            sc.UsedSlice(gpu=A0, memory=6144 * MiB, cores=10, pod=other, container="main"),
             sc.UsedSlice(gpu=A0, memory=8192 * MiB, cores=30, pod=train, container="main"),  # train's decision
+            sc.UsedSlice(gpu=A0, memory=1024 * MiB, cores=5, pod="static-hash", container="main"),
             sc.UsedSlice(gpu=A0, memory=7 * GiB, cores=7, pod="gone-uid", container="main"),  # its pod is deleted
+            sc.UsedSlice(gpu=A0, memory=5 * GiB, cores=7, pod=finished, container="main"),  # Succeeded
+            # job: its init container's slot given to app container a, b on another slot
+            sc.UsedSlice(gpu=A1, memory=2 * GiB, cores=50, pod=job, container="prep"),
+            sc.UsedSlice(gpu=A1, memory=1 * GiB, cores=10, pod=job, container="a"),
+            sc.UsedSlice(gpu=A1, memory=3 * GiB, cores=20, pod=job, container="b"),
+            sc.UsedSlice(gpu=A1, memory=2048 * MiB, cores=5),  # no pod named yet
         ],
     )
     api.patch("nodes", "node-a", {"metadata": {"annotations": {sc.USAGE_ANNOTATION: sc.encode(used)}}})
     r = vgpuctl("cluster", "--kubeconfig", str(kc), "--json")
     assert r.returncode == 0, r.stderr
-    g0 = json.loads(r.stdout)["nodes"][0]["gpus"][0]
-    # 12288 (no decision) + 8192 (train, once) + 1024 (leaving, not published yet)
-    assert (g0["memory_allocated"], g0["cores_allocated"], g0["slots_allocated"]) == (21504 * MiB, 55, 4)
-    assert sorted((p["name"], p["memory"] // MiB) for p in g0["pods"]) == [
-        ("(no decision)", 12288),
-        ("leaving", 1024),
-        ("train", 8192),
+    g0, g1 = json.loads(r.stdout)["nodes"][0]["gpus"]
+    # 6144 (other) + 8192 (train, once) + 1024 (static) + 1024 (leaving, not published yet)
+    assert (g0["memory_allocated"], g0["cores_allocated"], g0["slots_allocated"]) == (16384 * MiB, 50, 4)
+    assert sorted((p["name"], p["memory"] // MiB, p["decided"]) for p in g0["pods"]) == [
+        ("leaving", 1024, True),
+        ("other", 6144, False),
+        ("static-x", 1024, False),
+        ("train", 8192, True),
     ]
+    # job: max(2, 1 + 3) GiB, max(50, 10 + 20) %, max(1, 2) slots; plus the unnamed slice
+    assert (g1["memory_allocated"], g1["cores_allocated"], g1["slots_allocated"]) == (6144 * MiB, 55, 3)
+    assert sorted((p["name"], p["memory"] // MiB) for p in g1["pods"]) == [(vcluster.UNNAMED, 2048), ("job", 4096)]
     text = vgpuctl("cluster", "--kubeconfig", str(kc)).stdout
-    assert "(no decision) 12288 MiB 20% -" in text
+    assert "default/other [main] 6144 MiB 10% Running (no decision)" in text
+    assert "default/job [prep,a,b] 4096 MiB 50% Running" in text
+    assert f"{vcluster.UNNAMED} 2048 MiB 5% -" in text

@@ -141,3 +141,36 @@ def test_raw_manifest_mirrors_the_chart_and_the_plugin_accepts_it(tmp_path: Any)
     assert cfg.cdi_dir == "/var/run/cdi" and cfg.kubelet_dir == "/var/lib/kubelet"
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi", "/var/lib/vgpu"} <= mounts
+
+
+def test_helm_test_hook_claims_its_slice_through_dra(tmp_path: Any) -> None:
+    """With dra.enabled the `helm test` pod cannot use the RuntimeClass (not rendered): it claims
+    gpumemMiB and gpucores through a ResourceClaimTemplate and expects the memory kube-scheduler
+    consumes for that request (rounded up by the slice's requestPolicy: our model of
+    consumable_capacity.go), and the chart's scheduler, if on, is not asked."""
+    from device_plugin.dra import slices
+    from device_plugin.dra.config import settings
+    from tests.dra.conftest import gpus
+    from tests.support import draallocator
+    from vgpu import quantity
+
+    objs = render({**DRA, "scheduler": {"enabled": True}})
+    hooks = [o for o in objs if o["metadata"]["name"].endswith("-test-slice")]
+    [tmpl] = by_kind(hooks, "ResourceClaimTemplate")
+    [pod] = by_kind(hooks, "Pod")
+    assert {f"{o['kind']}": k8svalidate.validate(o) for o in hooks} == {"ResourceClaimTemplate": [], "Pod": []}
+    spec = pod["spec"]
+    assert "runtimeClassName" not in spec and "schedulerName" not in spec
+    assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": tmpl["metadata"]["name"]}]
+    c = spec["containers"][0]
+    assert c["resources"]["claims"] == [{"name": "gpu"}] and "nvidia.com/gpu" not in c["resources"]["limits"]
+    [req] = tmpl["spec"]["spec"]["devices"]["requests"]
+    assert req["exactly"]["deviceClassName"] == "gpu.vgpu.k8s.io"
+    asked = req["exactly"]["capacity"]["requests"]
+    assert asked == {"memory": "3000Mi", "cores": "10"}
+    cfg = settings(None, memory_step=512 << 20, library_path=str(tmp_path / "lib.so"))  # DRA's memoryStepMiB
+    [sl] = slices.build("node-1", gpus(1), cfg, generation=1)
+    got = draallocator.consumed(asked["memory"], sl["spec"]["devices"][0]["capacity"]["memory"])
+    want_mib = quantity.value(got) >> 20
+    assert want_mib == 3328  # 256 Mi + 6 x 512 Mi: rounded up, not the 3000 asked
+    assert f"--expect-memory-mib={want_mib}" in c["command"], (got, c["command"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import struct
@@ -145,3 +146,56 @@ def test_hook_path_imports_stay_lean() -> None:
     heavy = {"re", "dataclasses", "inspect", "enum", "signal", "typing", "logging", "msgspec", "vgpu.region", "json"}
     assert heavy.isdisjoint(out), sorted(heavy.intersection(out))
     assert "runtime_hook.regionfile" in out
+
+
+def _prestart_up_to_the_record(tmp_path: Path, hook_flags: list[str]) -> tuple[int, str, set[str], list[str]]:
+    """hotpath.main for a vGPU container's prestart under `python -I -S`, as installed, up to the
+    record lookup (an unknown token: fails closed); rc, stderr, the modules loaded, sys.path."""
+    from tests.hook import support
+
+    bundle = tmp_path / "b"
+    support.make_bundle(bundle, ["true"], env=[f"VGPU_ALLOCATION_TOKEN={'0' * 32}"])
+    st = {"ociVersion": "1.0.2", "id": "c1", "pid": os.getpid(), "status": "creating", "bundle": str(bundle)}
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); sys.argv = sys.argv[1:]; "
+        "from runtime_hook import hotpath; rc = hotpath.main(); "
+        "print('MODULES', rc, ' '.join(sorted(sys.modules))); print('PATH', *sys.path)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code, str(ROOT), *hook_flags, "prestart"],
+        input=json.dumps(st).encode(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    out = r.stdout.decode().splitlines()
+    line = next(x for x in out if x.startswith("MODULES")).split()
+    path = next(x for x in out if x.startswith("PATH")).split()[1:]
+    return int(line[1]), r.stderr.decode(), set(line[2:]), path
+
+
+def test_vgpu_prestart_with_every_setting_in_flags_never_runs_site(tmp_path: Path) -> None:
+    """The installed hook has every setting in its flags: a vGPU prestart parses no config, so it
+    needs no site-packages: neither the host python's `site.main()` (~6 ms) nor a venv's
+    site-packages on sys.path."""
+    from tests.hook import support
+
+    args = support.hook_args("prestart", state_dir=tmp_path / "state", library=tmp_path / "lib.so", log_dir=tmp_path)
+    rc, err, mods, path = _prestart_up_to_the_record(tmp_path, args[4:-1])
+    assert rc == 1 and "unknown vGPU allocation token" in err, err
+    assert "runtime_hook.prestart" in mods  # it got as far as the vGPU path
+    assert "site" not in mods
+    assert not [x for x in path if x.endswith(("site-packages", "dist-packages"))], path
+    assert {"msgspec", "vgpu.config"}.isdisjoint(mods)
+
+
+def test_vgpu_prestart_reading_the_node_config_gets_site_packages(tmp_path: Path) -> None:
+    """Without every setting in its flags the hook parses the node config (vgpu.config: msgspec,
+    TOML): site-packages become importable for that, and the config's state_dir is the one used."""
+    state = tmp_path / "state-from-config"
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[common]\nstate_dir = "{state}"\n[hook]\nlog_dir = "{tmp_path}"\n')
+    rc, err, mods, _ = _prestart_up_to_the_record(tmp_path, ["--config", str(cfg)])
+    assert rc == 1 and "unknown vGPU allocation token" in err, err
+    assert str(state) in err  # the record was looked for where the config says
+    assert {"msgspec", "vgpu.config", "runtime_hook.prestart"} <= mods

@@ -18,6 +18,7 @@ MODELS = {
     ("v1", "Service"): "V1Service",
     ("v1", "ConfigMap"): "V1ConfigMap",
     ("v1", "Namespace"): "V1Namespace",
+    ("v1", "Pod"): "V1Pod",
     ("apps/v1", "DaemonSet"): "V1DaemonSet",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
@@ -27,6 +28,7 @@ MODELS = {
     ("batch/v1", "Job"): "V1Job",
     ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
     ("resource.k8s.io/v1", "ResourceSlice"): "V1ResourceSlice",
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
 }
 
 

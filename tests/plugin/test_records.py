@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -78,6 +79,40 @@ def test_replayable_tokens_are_the_kept_answers_of_our_resource(tmp_path: Path) 
     assert checkpoint.replayable_tokens(path, "nvidia.com/gpu") == {t1, t2}
     assert checkpoint.replayable_tokens(path, "example.com/other") == {t3}
     assert checkpoint.replayable_tokens(_checkpoint(tmp_path / "empty", None), "nvidia.com/gpu") == set()
+
+
+def test_each_kept_answer_names_its_pod_and_container(tmp_path: Path) -> None:
+    """Who holds each record: the kept answer's PodUID and ContainerName (usage names its slices)."""
+    t1, t2, t3 = (records.new_token() for _ in range(3))
+    path = _checkpoint(
+        tmp_path / "ck",
+        [
+            kc.Entry("uid-1", "init", "nvidia.com/gpu", {-1: ["a"]}, _answer(t1)),
+            kc.Entry("uid-1", "app", "nvidia.com/gpu", {-1: ["a"]}, _answer(annotation=t2)),
+            kc.Entry("uid-2", "c", "example.com/other", {0: ["b"]}, _answer(t3)),
+            kc.Entry("uid-3", "c", "nvidia.com/gpu", {-1: ["c"]}, None),
+        ],
+    )
+    assert checkpoint.holders(path, "nvidia.com/gpu") == {t1: ("uid-1", "init"), t2: ("uid-1", "app")}
+    assert checkpoint.holders(path, "example.com/other") == {t3: ("uid-2", "c")}
+    bad = tmp_path / "bad"
+    bad.write_bytes(b'{"Data":{"PodDeviceEntries":[{"ResourceName":"nvidia.com/gpu","AllocResp":"","PodUID":7}]}}')
+    with pytest.raises(checkpoint.CheckpointUnusable, match="PodUID or ContainerName"):
+        checkpoint.holders(str(bad), "nvidia.com/gpu")
+
+
+@pytest.mark.parametrize("name", ["before-restart", "after-restart", "before-restart2"])
+def test_the_recorded_kubelet_checkpoints_name_pods_and_containers(name: str) -> None:
+    """The real kubelet's files: every entry of the resource with its pod UID and container, in the
+    order written (the recording plugin's answers carry no token of ours)."""
+    path = traces.path(f"deviceplugin/kubelet_internal_checkpoint.{name}.json")
+    doc = json.loads(path.read_bytes())
+    want = [(e["PodUID"], e["ContainerName"]) for e in doc["Data"]["PodDeviceEntries"]]
+    got = checkpoint.kept_answers(str(path), "nvidia.com/gpu")
+    assert [(k.pod_uid, k.container) for k in got] == want and want
+    assert [c for _, c in want].count("init") == 1  # an init container's entry is kept beside its app's
+    assert all(k.tokens == frozenset() for k in got)
+    assert checkpoint.holders(str(path), "nvidia.com/gpu") == {}
 
 
 @pytest.mark.parametrize("name", ["before-restart", "after-restart", "before-restart2"])

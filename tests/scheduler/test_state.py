@@ -252,3 +252,99 @@ def test_reservation_without_bind_expires_and_a_late_bind_rechecks() -> None:
         st.expire()
     assert "a" not in st.reservations and st.usage["n1"][g].memory == 0
     assert snapshot.drift_bytes(st.usage, st.recomputed()) == 0
+
+
+def _used_node(rv: str, *slices: tuple[str, str, int]) -> dict[str, Any]:
+    """Node n1 (one 16 GiB GPU, split 8) publishing slices (pod UID, container, MiB), at version rv."""
+    node = gpu_node("n1", n=1, mem_gib=16, split=8)
+    used = sc.NodeUsage(
+        time=0,
+        slices=[sc.UsedSlice(gpu=uuid("n1", 0), memory=m * MiB, cores=5, pod=p, container=c) for p, c, m in slices],
+    )
+    node["metadata"]["annotations"][sc.USAGE_ANNOTATION] = sc.encode(used)
+    node["metadata"]["resourceVersion"] = rv
+    return node
+
+
+def _plain_pod(uid: str, rv: int, phase: str = "Running", **ann: str) -> dict[str, Any]:
+    p = _pod(uid, rv, phase=phase)
+    p["metadata"]["annotations"] = dict(ann)
+    p["spec"] = {"nodeName": "n1"}
+    return p
+
+
+def test_slices_of_pods_not_known_count_until_the_pod_watch_passes_their_node_version() -> None:
+    """A slice named with a pod UID the scheduler does not have: a pod its watch has not brought yet
+    (counted) or one deleted before its list (not counted); told apart by resourceVersion."""
+    from vgpu_scheduler.config import SchedulerConfig
+    from vgpu_scheduler.state import UNKNOWN_POD_GRACE_S, ClusterState
+
+    now = [1000.0]
+    st = ClusterState(SchedulerConfig(), monotonic=lambda: now[0])
+    g = uuid("n1", 0)
+
+    def mem() -> int:
+        assert snapshot.drift_bytes(st.usage, st.recomputed()) == 0
+        return st.usage.get("n1", {}).get(g, sc.GPUUse()).memory // MiB
+
+    st.replace_pods([], "40")  # the pod list (or watch) is at 40
+    st.apply_node(_used_node("50", ("new", "main", 1000), ("gone", "main", 2000)))
+    assert mem() == 3000  # published at 50 > 40: maybe pods the watch has not brought yet
+    with st.lock:
+        st.note_pod_rv("45")
+    assert mem() == 3000
+    st.apply_pod(_plain_pod("new", 48))  # the watch brings one of them ...
+    with st.lock:
+        st.note_pod_rv("50")  # ... and passes 50: the other was deleted before
+    assert mem() == 1000
+    # the known pod ends: its slices stop counting although the node still publishes them
+    st.apply_pod(_plain_pod("new", 52, phase="Succeeded"))
+    assert mem() == 0
+    # published after the watch's position, then the pod is deleted (seen): not counted
+    st.apply_node(_used_node("60", ("new", "main", 1000), ("late", "main", 500)))
+    assert mem() == 500
+    st.apply_pod(_plain_pod("late", 55))
+    st.apply_pod(_plain_pod("late", 61), deleted=True)
+    assert mem() == 0
+    # a static pod: the kubelet names its slices with the static pod's UID, its mirror pod's
+    # annotation carries it
+    st.apply_node(_used_node("70", ("static-hash", "main", 700)))
+    with st.lock:
+        st.note_pod_rv("71")
+    assert mem() == 0  # not known, watch past it
+    st.apply_pod(_plain_pod("mirror-uid", 72, **{sc.MIRROR_ANNOTATION: "static-hash"}))
+    assert mem() == 700
+    # a relist at a version past the node's: unknown pods are gone, the mirror pod is kept
+    st.apply_node(_used_node("80", ("static-hash", "main", 700), ("vanished", "main", 300)))
+    assert mem() == 1000
+    st.replace_pods([_plain_pod("mirror-uid", 72, **{sc.MIRROR_ANNOTATION: "static-hash"})], "85")
+    assert mem() == 700
+    # a resourceVersion that is not a number: UNKNOWN_POD_GRACE_S on this replica's clock
+    st.apply_node(_used_node("x9", ("static-hash", "main", 700), ("odd", "main", 100)))
+    assert mem() == 800
+    now[0] += UNKNOWN_POD_GRACE_S - 1
+    with st.lock:
+        st.expire()
+    assert mem() == 800
+    now[0] += 2
+    with st.lock:
+        st.expire()
+    assert mem() == 700
+
+
+def test_an_init_and_an_app_container_published_on_one_vgpu_count_once() -> None:
+    """An init container's slice and the app container's the kubelet gave its vGPU to: per GPU
+    max(init, sum(app)), from the pod's spec even without a decision."""
+    from vgpu_scheduler.config import SchedulerConfig
+    from vgpu_scheduler.state import ClusterState
+
+    st = ClusterState(SchedulerConfig())
+    g = uuid("n1", 0)
+    p = _plain_pod("job", 10)
+    p["spec"]["initContainers"] = [{"name": "prep"}, {"name": "side", "restartPolicy": "Always"}]
+    st.replace_pods([p], "10")
+    st.apply_node(_used_node("11", ("job", "prep", 6000), ("job", "app", 2000), ("job", "side", 1000)))
+    u = st.usage["n1"][g]
+    # max(prep 6000, app 2000 + side 1000 (a sidecar runs beside the app)); cores max(5, 10); slots max(1, 2)
+    assert (u.memory // MiB, u.cores, u.slots) == (6000, 10, 2)
+    assert snapshot.drift_bytes(st.usage, st.recomputed()) == 0

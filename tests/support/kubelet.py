@@ -719,14 +719,19 @@ class FakeKubelet:
         container: str,
         count: int = 1,
         resource_name: str = "nvidia.com/gpu",
+        *,
+        uid: str | None = None,
     ) -> ContainerAllocation:
         """Admit a pod whose one (app) container requests `count` devices; a further call for
-        the same pod adds another app container to it. Raises InsufficientDevices, or
-        grpc.RpcError when the plugin refuses."""
+        the same pod adds another app container to it. `uid`: the pod's UID in the API (the real
+        kubelet admits the API's pods under their UIDs; default: a new one). Raises
+        InsufficientDevices, or grpc.RpcError when the plugin refuses."""
         with self._admit_lock:
             p = self._find(namespace, pod)
             if p is None:
-                allocs = self.admit_pod(namespace, pod, [ContainerSpec(container, count)], resource_name=resource_name)
+                allocs = self.admit_pod(
+                    namespace, pod, [ContainerSpec(container, count)], uid=uid, resource_name=resource_name
+                )
                 return allocs[container]
             self._settle(resource_name)
             spec = ContainerSpec(container, count)
