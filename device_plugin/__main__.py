@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import signal
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import msgspec
 
 from device_plugin import strategy
+from device_plugin.cli import Parser, finite_float
 from device_plugin.registration import valid_resource_name
 from vgpu import __version__, nvml
 from vgpu.config import ConfigError, DevicePluginConfig, config_path_from_env, load_config
@@ -43,24 +43,14 @@ _FIELD_HELP: dict[str, str] = {
 }
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
-
-
-_finite_float.__name__ = "float"
-
-
 _TYPES: dict[str, Any] = {
     "device_split_count": int,
-    "device_memory_scaling": _finite_float,
-    "device_cores_scaling": _finite_float,
-    "health_recovery_s": _finite_float,
-    "record_gc_grace_s": _finite_float,
-    "record_gc_interval_s": _finite_float,
-    "inventory_heartbeat_s": _finite_float,
+    "device_memory_scaling": finite_float,
+    "device_cores_scaling": finite_float,
+    "health_recovery_s": finite_float,
+    "record_gc_grace_s": finite_float,
+    "record_gc_interval_s": finite_float,
+    "inventory_heartbeat_s": finite_float,
     "device_list_strategy": strategy.parse_list,
 }
 assert set(_FIELD_HELP) == {f.name for f in msgspec.structs.fields(DevicePluginConfig)}, "flags out of date"
@@ -70,14 +60,8 @@ def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line naming the option, exit status 2 (the project's convention).
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="k8s-vgpu kubelet device plugin that splits GPUs into vGPUs")
+    p = Parser(prog=PROG, description="k8s-vgpu kubelet device plugin that splits GPUs into vGPUs")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--config", default=None, help="config file (default $VGPU_CONFIG, else /etc/vgpu/config.toml)")
     p.add_argument("--state-dir", default=None, help="state directory (overrides common.state_dir)")

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from device_plugin import checkpoint, decision, inventory, records, strategy, usage
-from device_plugin.devices import DeviceTable, Slicing
-from device_plugin.health import HealthMonitor
+from device_plugin.devices import Slicing
+from device_plugin.nodecore import NodeCore
 from device_plugin.registration import RegistrationError, register
 from device_plugin.server import PluginServer
 from device_plugin.watcher import SocketWatcher
@@ -86,13 +86,20 @@ class Daemon:
         self.cfg = cfg
         self.paths = state
         self.where = PluginPaths(cfg.kubelet_dir, cfg.socket_name)
-        self.table = DeviceTable(
-            gpus, Slicing(cfg.device_split_count, cfg.device_memory_scaling, cfg.device_cores_scaling)
+        self._inventory_dirty = threading.Event()
+        self.core = NodeCore(
+            gpus,
+            Slicing(cfg.device_split_count, cfg.device_memory_scaling, cfg.device_cores_scaling),
+            state,
+            health_recovery_s=cfg.health_recovery_s,
+            nvml_health=nvml_health,
+            on_health_change=self._inventory_dirty.set,
         )
+        self.table = self.core.table
+        self.health = self.core.health
         self.stop_event = threading.Event()
         self.restart_event = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._inventory_dirty = threading.Event()
         node = inventory.node_name(cfg.node_name)
         # What the node handed out, published with the inventory (docs/scheduler.md, "Usage"),
         # each slice named by the pod holding it from the kubelet's checkpoint.
@@ -110,11 +117,6 @@ class Daemon:
         self.decisions = (
             decision.Decisions(self.table, node, cfg.decisions, cfg.allocation_policy)
             if cfg.decisions != "off"
-            else None
-        )
-        self.health = (
-            HealthMonitor(self.table, cfg.health_recovery_s, on_change=self._inventory_dirty.set)
-            if nvml_health
             else None
         )
         self.collector = records.RecordCollector(state, cfg.resource_name, cfg.record_gc_grace_s)

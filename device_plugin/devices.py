@@ -1,5 +1,10 @@
 """The vGPU model: K virtual devices per physical GPU, their slices and health.
 
+Part of the node core both front ends share (device_plugin/nodecore.py): `Slicing` is the
+node's slicing (the 1/K share is a vGPU of the device plugin and the default share of a DRA
+claim; the capacities are what the scheduler sees of a GPU on either path), `DeviceTable` the
+GPUs and their health.
+
 vGPU IDs are `<GPU-UUID>::<i>` (i in 0..K-1), the form NVIDIA's time-slicing
 replicas use; the physical UUID is everything before the last `::`.
 A vGPU of a GPU with M bytes gets floor(S*M/K) bytes (S = memory scaling) and
@@ -39,6 +44,15 @@ class Slicing:
     split_count: int
     memory_scaling: float = 1.0
     cores_scaling: float = 1.0
+
+    def memory_capacity(self, total: int) -> int:
+        """What the scheduler may hand out of a GPU of `total` bytes: floor(S*M)."""
+        return math.floor(total * self.memory_scaling)
+
+    @property
+    def cores_capacity(self) -> int:
+        """The compute of a GPU in percent: floor(100*C)."""
+        return math.floor(100 * self.cores_scaling + 1e-9)
 
     def memory_per_vgpu(self, total: int) -> int:
         return math.floor(self.memory_scaling * total / self.split_count)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -50,8 +49,8 @@ def inventory(table: DeviceTable, resource_name: str, now: float) -> NodeInvento
                 index=g.index,
                 model=g.name,
                 memory=g.memory_total,
-                memory_schedulable=math.floor(g.memory_total * s.memory_scaling),
-                cores=math.floor(100 * s.cores_scaling + 1e-9),
+                memory_schedulable=s.memory_capacity(g.memory_total),
+                cores=s.cores_capacity,
                 split_count=len(st.ids),
                 numa=-1 if g.numa_node is None else g.numa_node,
                 health=table.is_healthy(g.uuid),

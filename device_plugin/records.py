@@ -1,6 +1,13 @@
-"""Allocation records (contract 1): writing, listing and garbage collection.
+"""Allocation records (contract 1): writing, listing and garbage collection; part of the node core.
 
-A record lives at `<state_dir>/allocations/<token>.json` from Allocate for as long as the kubelet
+Both front ends write the same `AllocationRecord` here: the device plugin one per container in
+Allocate (`write_record`, durable), the DRA plugin one per prepared claim (`RecordStore` with
+`durable=False`: its own checkpoint, fsynced once per call, rebuilds a record that a machine
+crash lost). Each front end's records carry its resource name (`nvidia.com/gpu`, the DRA driver
+name), and each lists and collects only its own. The hook, the library and the monitor read
+every record alike.
+
+A device plugin record lives at `<state_dir>/allocations/<token>.json` from Allocate for as long as the kubelet
 may hand its token to a container again: while its Allocate answer is in the kubelet's device
 manager checkpoint (device_plugin/checkpoint.py says why that, and nothing else, tells), plus a
 grace period. Records survive plugin restarts: they are files, and the in-memory bookkeeping here
@@ -13,13 +20,14 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
 
 from device_plugin.allocator import Slice
 from vgpu.paths import Paths, valid_token
-from vgpu.schemas import AllocationRecord, encode, read_record, write_atomic
+from vgpu.schemas import AllocatedGPU, AllocationRecord, encode, read_record, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +44,53 @@ def ensure_dir(paths: Paths) -> None:
 
 
 def write_record(paths: Paths, resource_name: str, oversubscribe: bool, sl: Slice) -> AllocationRecord:
-    token = new_token()
-    rec = AllocationRecord(
-        token=token,
-        created=time.time(),
-        resource_name=resource_name,
-        oversubscribe=oversubscribe,
-        gpus=sl.gpus,
-    )
-    write_atomic(paths.allocation_record(token), encode(rec), 0o600)
-    return rec
+    """The device plugin's record of one container (durable: the hook reads it at once)."""
+    return RecordStore(paths, resource_name).write(sl.gpus, oversubscribe)
+
+
+class RecordStore:
+    """The records of one front end (one resource name) under `<state_dir>/allocations/`."""
+
+    def __init__(self, paths: Paths, resource_name: str, *, durable: bool = True) -> None:
+        self.paths = paths
+        self.resource_name = resource_name
+        self.durable = durable
+
+    def ensure_dir(self) -> None:
+        ensure_dir(self.paths)
+
+    def write(self, gpus: Sequence[AllocatedGPU], oversubscribe: bool) -> AllocationRecord:
+        """A new record, with a fresh token, for these GPU slices."""
+        rec = AllocationRecord(
+            token=new_token(),
+            created=time.time(),
+            resource_name=self.resource_name,
+            oversubscribe=oversubscribe,
+            gpus=list(gpus),
+        )
+        self.restore(rec)
+        return rec
+
+    def restore(self, rec: AllocationRecord) -> None:
+        """Write `rec` under its own token (again)."""
+        write_atomic(self.paths.allocation_record(rec.token), encode(rec), 0o600, durable=self.durable)
+
+    def remove(self, token: str) -> None:
+        """Delete a record; a missing one is not an error."""
+        try:
+            os.unlink(self.paths.allocation_record(token))
+        except FileNotFoundError:
+            pass
+
+    def has(self, token: str) -> bool:
+        """The record exists and reads back as itself (a crash may leave an empty file)."""
+        try:
+            return read_record(self.paths.allocation_record(token)).token == token
+        except (OSError, ValueError):  # msgspec errors are ValueErrors
+            return False
+
+    def list(self) -> list[AllocationRecord]:
+        return [r for r in list_records(self.paths) if r.resource_name == self.resource_name]
 
 
 def list_records(paths: Paths) -> list[AllocationRecord]:

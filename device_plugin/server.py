@@ -15,6 +15,7 @@ from device_plugin import allocator, decision, records
 from device_plugin import strategy as device_strategy
 from device_plugin.api import deviceplugin_pb2 as pb
 from device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from device_plugin.cli import socket_identity
 from device_plugin.devices import DeviceTable
 from vgpu.log import kv
 from vgpu.paths import Paths
@@ -147,16 +148,6 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    # Inode numbers are reused at once on tmpfs/ext4; with ctime they tell
-    # "our socket" from "a new file of the same name".
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_ctime_ns
-
-
 class PluginServer:
     """One serving instance of the plugin on its socket; restarted as a whole."""
 
@@ -185,7 +176,7 @@ class PluginServer:
             raise OSError(f"cannot bind {self.socket_path}")
         server.start()
         self.server = server
-        self.identity = _identity(self.socket_path)
+        self.identity = socket_identity(self.socket_path)
         self.started_at = time.monotonic()
 
     def wait_ready(self, timeout: float = 5.0) -> None:
@@ -197,7 +188,7 @@ class PluginServer:
 
     def alive(self, timeout: float = 2.0) -> bool:
         """The socket is still ours and the server answers."""
-        if _identity(self.socket_path) != self.identity:
+        if socket_identity(self.socket_path) != self.identity:
             return False
         try:
             with grpc.insecure_channel(f"unix://{self.socket_path}") as ch:
@@ -215,7 +206,7 @@ class PluginServer:
         # Remove the socket only if it is still the one we created: kubelet may
         # already have deleted it, and a new instance may own the path now.
         try:
-            if self.identity is not None and _identity(self.socket_path) == self.identity:
+            if self.identity is not None and socket_identity(self.socket_path) == self.identity:
                 os.unlink(self.socket_path)
         except FileNotFoundError:
             pass

@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--config", default=None, help="node config (default $VGPU_CONFIG, else /etc/vgpu/config.toml)")
     p.add_argument("--state-dir", default=None, help="overrides common.state_dir")
+    p.add_argument("--run-dir", default=None, help="overrides common.run_dir (where the DRA claims' files are)")
     p.add_argument("--log-level", default=None, help="debug, info, warning, error")
     for f in msgspec.structs.fields(MonitorConfig):
         p.add_argument(
@@ -38,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    overrides: dict[str, Any] = {"common.state_dir": a.state_dir, "common.log_level": a.log_level}
+    overrides: dict[str, Any] = {
+        "common.state_dir": a.state_dir,
+        "common.run_dir": a.run_dir,
+        "common.log_level": a.log_level,
+    }
     for k, v in vars(a).items():
         if k.startswith("monitor__"):
             overrides["monitor." + k[len("monitor__") :]] = v

@@ -1,9 +1,14 @@
-"""The per-container state directories made by the hook, as the monitor sees them.
+"""The slices of the node as the monitor sees them: per-container state made by the hook, and
+per-claim state made by the DRA plugin (two front ends, one node core: docs/design.md).
 
-`<state_dir>/containers/<id>/` holds `metadata.json` (host-only, written by
-the hook: trusted), `limits` (trusted, written by the hook) and `region`
-(shared with the container: untrusted, validated on every read).  The scan is
-cheap: a directory is re-read only when its metadata/limits mtime changes.
+`<state_dir>/containers/<id>/` holds `metadata.json` (host-only, written by the hook: trusted),
+`limits` (trusted, written by the hook) and `region` (shared with the container: untrusted,
+validated on every read). `<claims_dir>/<claim-uid>/` (the DRA plugin's, under the run dir when
+there is one) holds `claim.json` (host-only: trusted), `limits` and `region` the same way; one
+claim is one slice, shared by every container that uses the claim, so it is one entity here:
+`claim:<uid>` (a colon: never a container id, never a cgroup path component). The scan is cheap: a
+directory is re-read only when its metadata/limits mtime changes. Claim directories are the DRA
+plugin's to remove (NodeUnprepareResources); the monitor never collects them.
 """
 
 from __future__ import annotations
@@ -32,11 +37,17 @@ FULL_PARSE_INTERVAL_S = 30.0
 RECHECK_S = 10.0  # re-validate every slot at least this often, changed or not
 
 
+CLAIM_PREFIX = "claim:"
+
+
 @dataclass
 class Container:
     id: str
     dir: str
     metadata: schemas.ContainerMetadata | None = None
+    claim: schemas.ClaimMetadata | None = None  # set for a DRA claim (kind "claim")
+    kind: str = "container"
+    region_id: tuple[int, int] | None = None  # (st_dev, st_ino) of a claim's region file
     limits: dict[str, vlimits.DeviceLimit] = field(default_factory=dict)  # uuid -> limit
     stamp: tuple[float, float] = (0.0, 0.0)
     checked_at: float = 0.0
@@ -61,12 +72,26 @@ class Container:
         return ProcKey(m.init_pid, m.init_start_time)
 
     def labels(self) -> dict[str, str]:
+        """container_id, namespace, pod, container, claim: a container of the device-plugin path
+        has claim ""; a DRA claim has container_id `claim:<uid>`, its namespace and name, the pods
+        it was reserved for when prepared (comma-separated), and container "" (it is shared by
+        all of them)."""
+        if self.kind == "claim":
+            cm = self.claim
+            return {
+                "container_id": self.id,
+                "namespace": cm.namespace if cm else "",
+                "pod": ",".join(sorted({p.name for p in cm.reserved_for})) if cm else "",
+                "container": "",
+                "claim": cm.name if cm else "",
+            }
         m = self.metadata
         return {
             "container_id": self.id,
             "namespace": m.pod_namespace if m else "",
             "pod": m.pod_name if m else "",
             "container": m.container_name if m else "",
+            "claim": "",
         }
 
     def share(self, uuid: str) -> float | None:
@@ -123,10 +148,76 @@ class Registry:
                 if stamp != c.stamp:
                     self._load(c)
                     c.stamp = stamp
+        self._scan_claims(seen)
         for name in list(self.containers):
             if name not in seen:
                 del self.containers[name]
         return self.containers
+
+    def _scan_claims(self, seen: set[str]) -> None:
+        """The DRA plugin's prepared claims: entities `claim:<uid>` once their claim.json is
+        readable (a claim being made is picked up by the next scan)."""
+        root = self.paths.claims_dir
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return
+        for name in names:
+            if not vpaths.valid_claim_uid(name):
+                continue
+            cid = CLAIM_PREFIX + name
+            d = os.path.join(root, name)
+            c = self.containers.get(cid)
+            if c is None:
+                try:
+                    st = os.lstat(d)
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):  # never follow a symlink out of the claims dir
+                    continue
+                c = Container(id=cid, dir=d, kind="claim")
+            now = time.monotonic()
+            dir_mtime = _mtime(d)
+            if c.claim is None or not c.limits or dir_mtime != c.dir_mtime or now - c.checked_at >= RECHECK_S:
+                c.checked_at = now
+                c.dir_mtime = dir_mtime
+                stamp = (
+                    _mtime(os.path.join(d, vpaths.CLAIM_METADATA_FILE)),
+                    _mtime(os.path.join(d, vpaths.LIMITS_FILE)),
+                )
+                if stamp != c.stamp:
+                    self._load_claim(c)
+                    c.stamp = stamp
+            if c.claim is None:
+                continue  # not made yet (or unreadable: logged)
+            self.containers[cid] = c
+            seen.add(cid)
+
+    def _load_claim(self, c: Container) -> None:
+        c.error = ""
+        try:
+            c.claim = schemas.read_claim_metadata(os.path.join(c.dir, vpaths.CLAIM_METADATA_FILE))
+        except FileNotFoundError:
+            c.claim = None
+            return
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            c.claim = None
+            log.warning(kv("unreadable claim metadata", claim=c.id, error=e))
+            return
+        lim: dict[str, vlimits.DeviceLimit] = {}
+        try:
+            with open(os.path.join(c.dir, vpaths.LIMITS_FILE), encoding="ascii", errors="replace") as f:
+                for d in vlimits.parse(f.read(65536)):
+                    lim[d.uuid] = d
+        except (OSError, vlimits.LimitsError) as e:
+            c.error = f"limits: {e}"
+            log.warning(kv("unreadable claim limits", claim=c.id, error=e))
+        c.limits = lim
+        try:
+            st = os.lstat(c.region_path)
+            c.region_id = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+        except OSError:
+            c.region_id = None
 
     def _load(self, c: Container) -> None:
         c.error = ""

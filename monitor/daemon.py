@@ -494,24 +494,29 @@ class Monitor:
                     keys.setdefault(k, {})[g.uuid] = used
             if not keys:
                 continue
-            inner: dict[int, ProcKey] = {}
+            # A claim's region is shared by processes of several pid namespaces (its pods): a
+            # slot's namespace pid may name several of them; the start time tells them apart, and
+            # a slot that still names more than one is left alone.
+            inner: dict[int, list[ProcKey]] = {}
             for k in keys:
                 ns = self.nspid_cache.get(k)
                 if ns is None:  # a process's pid namespaces never change: read /proc/<pid>/status once
                     ns = self.nspid_cache[k] = procs.nspids(k.pid) or []
                 if ns:
-                    inner[ns[-1]] = k
+                    inner.setdefault(ns[-1], []).append(k)
             writes: dict[tuple[int, int], int] = {}
             tags: list[tuple[str, int, int, int, int]] = []
             for s in snap.slots:
                 k2: ProcKey | None = None
                 if s.host_pid > 0:
                     cand = [k for k in keys if k.pid == s.host_pid]
-                    k2 = cand[0] if cand else None
                 else:
-                    k2 = inner.get(s.pid)
-                if k2 is None or (s.start_time and s.start_time != k2.start_time):
+                    cand = inner.get(s.pid, [])
+                if s.start_time:
+                    cand = [k for k in cand if k.start_time == s.start_time]
+                if len(cand) != 1:
                     continue
+                k2 = cand[0]
                 for j, dev in enumerate(snap.devices):
                     seen = keys[k2].get(dev.uuid)
                     if seen is None:
@@ -540,6 +545,8 @@ class Monitor:
     def collect_garbage(self, now: float) -> None:
         with_procs = {cid for g in self.gpus.values() for cid in g.members}
         for c in list(self.containers.values()):
+            if c.kind == "claim":
+                continue  # the DRA plugin removes a claim's files when the kubelet unprepares it
             if self.collector.gone(c, c.id in with_procs, now):
                 self.suspender.resume_container(c.id, now)
                 if self.collector.remove(c):
@@ -609,6 +616,7 @@ class Monitor:
             containers.append(
                 {
                     **c.labels(),
+                    "kind": c.kind,
                     "gpus": sorted(c.limits),
                     "init_alive": init_alive(c),
                     "region_error": c.region_error,

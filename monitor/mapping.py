@@ -12,6 +12,13 @@ Order of evidence, strongest first:
    = last NSpid entry), and the process lives in the same pid namespace as the
    container's init.  The region is untrusted, so a slot can only claim a
    process that is already inside the container's pid namespace.
+5. for a DRA claim (one slice shared by the containers of every pod that uses the claim, in as
+   many pid namespaces): the claim's region file, identified by device and inode, is the
+   process's /run/vgpu/region (walked inside its root without following links) or is mapped by
+   it (/proc/<pid>/maps, the kernel's record).  A process can only reach a claim's region if the
+   runtime mounted it into its container (the CDI edits of that claim): the container cannot
+   name another claim's.  PodResources v1 would name pods and containers but not processes; the
+   cgroup names the pod and container but not the claim; the region does both.
 
 On a node (3) and (4) are fallbacks; in tests without containers, (3) is what
 places a workload in a "container": a state directory whose init_pid is the
@@ -27,6 +34,9 @@ from collections.abc import Callable
 from monitor import cgroups, procs
 from monitor.containers import Container
 from monitor.procs import ProcKey
+from vgpu.paths import CONTAINER_REGION
+
+CLAIM_REGION = CONTAINER_REGION.lstrip("/")  # run/vgpu/region, inside the process's root
 
 
 class Mapper:
@@ -110,6 +120,21 @@ class Mapper:
                     if ik is not None and (ik.start_time == 0 or ik.start_time == k.start_time):
                         return hit.id
         # 4. region slots, confined to the container's pid namespace
+        hit4 = self._by_slot(key, containers)
+        if hit4 is not None:
+            return hit4
+        # 5. DRA claims: the claim's region file is the process's /run/vgpu/region, or mapped by it
+        claims = {c.region_id: c.id for c in containers.values() if c.kind == "claim" and c.region_id}
+        if claims:
+            rid = procs.file_in_root(key.pid, CLAIM_REGION, self.proc)
+            if rid in claims:
+                return claims[rid]
+            mapped = procs.mapped_files(key.pid, self.proc) & claims.keys()
+            if mapped:
+                return claims[min(mapped)]
+        return None
+
+    def _by_slot(self, key: ProcKey, containers: dict[str, Container]) -> str | None:
         ns = procs.pid_ns(key.pid, self.proc)
         nsp = procs.nspids(key.pid, self.proc) or [key.pid]
         for c in containers.values():

@@ -7,12 +7,12 @@ touches live monitor state.  Names:
 per GPU (labels gpu, uuid):
   vgpu_gpu_up, vgpu_gpu_memory_total_bytes, vgpu_gpu_memory_used_bytes,
   vgpu_gpu_utilization_percent
-per container and GPU (labels container_id, namespace, pod, container, gpu, uuid), for every GPU the
-container is allocated on (used 0 while it has no process there) or has a process on:
+per container and GPU (labels container_id, namespace, pod, container, claim, gpu, uuid), for every
+GPU the container is allocated on (used 0 while it has no process there) or has a process on:
   vgpu_container_memory_used_bytes, vgpu_container_memory_limit_bytes,
   vgpu_container_sm_use_percent, vgpu_container_sm_share_percent,
   vgpu_container_duty_ratio
-per container (labels container_id, namespace, pod, container):
+per container (labels container_id, namespace, pod, container, claim):
   vgpu_container_suspended (0/1), vgpu_container_suspended_seconds_total,
   vgpu_container_suspensions_total, vgpu_container_backstop_actions_total{action},
   vgpu_container_region_corrupt (0/1), vgpu_container_region_corruptions_total
@@ -20,6 +20,11 @@ the monitor:
   vgpu_monitor_loop_duration_seconds (histogram), vgpu_monitor_errors_total{kind} (every kind
   from start-up, at 0), vgpu_monitor_sample_holds_total, vgpu_monitor_suspended_processes,
   vgpu_monitor_guardian_armed, vgpu_monitor_gc_removed_total
+
+A "container" is a slice: a container of the device-plugin path (claim "") or a DRA claim
+(container_id `claim:<uid>`, claim = its name, pod = the pods it was reserved for, container "":
+one slice shared by its containers). The claim label is empty on the device-plugin path, which in
+Prometheus is the label being absent: the series of that path are the same as before it existed.
 
 Every family name is unique, suffixes included, so the exposition is valid in the Prometheus text
 format and in OpenMetrics (which Prometheus asks for first, and which forbids two families of one
@@ -34,7 +39,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-CLABELS = ["container_id", "namespace", "pod", "container"]
+CLABELS = ["container_id", "namespace", "pod", "container", "claim"]
 
 
 class SnapshotCollector:
@@ -67,7 +72,7 @@ class SnapshotCollector:
             # with processes on the GPU: measured; allocated but idle: used 0, runs the whole cycle
             idle = [{**r, "memory_used": 0, "sm_use": 0.0, "duty": 1.0} for r in g.get("allocated", ())]
             for r in [*g["containers"], *idle]:
-                v = [r["container_id"], r["namespace"], r["pod"], r["container"], *lv]
+                v = [r["container_id"], r["namespace"], r["pod"], r["container"], r.get("claim", ""), *lv]
                 cmu.add_metric(v, r["memory_used"])
                 if r["memory_limit"] is not None:
                     cml.add_metric(v, r["memory_limit"])
@@ -90,7 +95,7 @@ class SnapshotCollector:
             "vgpu_container_region_corruptions", "times the region was found corrupt (per reason)", labels=CLABELS
         )
         for c in snap["containers"]:
-            v = [c["container_id"], c["namespace"], c["pod"], c["container"]]
+            v = [c["container_id"], c["namespace"], c["pod"], c["container"], c.get("claim", "")]
             sus.add_metric(v, 1.0 if c["suspended"] else 0.0)
             sec.add_metric(v, c["suspended_seconds"])
             cnt.add_metric(v, c["suspensions"])

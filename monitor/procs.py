@@ -10,6 +10,7 @@ moment and the monitor must not care.
 from __future__ import annotations
 
 import os
+import stat
 from typing import NamedTuple
 
 PROC = "/proc"
@@ -93,6 +94,52 @@ def read_cgroup(pid: int, proc: str = PROC) -> str | None:
             return f.read(65536).decode("utf-8", "replace")
     except OSError:
         return None
+
+
+def file_in_root(pid: int, rel: str, proc: str = PROC) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the regular file at `rel` (e.g. "run/vgpu/region") inside the process's
+    root, without following any link on the way (O_PATH|O_NOFOLLOW per component, the last one
+    lstat'ed): resolving /proc/<pid>/root/<path> the ordinary way would follow an absolute link
+    of the container's to the host's own files. None when any part is missing or a link."""
+    try:
+        fd = os.open(f"{proc}/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        *dirs, last = [p for p in rel.split("/") if p]
+        for name in dirs:
+            if name in (".", ".."):
+                return None
+            nfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        st = os.stat(last, dir_fd=fd, follow_symlinks=False)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def mapped_files(pid: int, proc: str = PROC, limit: int = 8 << 20) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of every file the process has mapped (/proc/<pid>/maps: the kernel's
+    record of the device and inode of each mapping, whatever names the process sees)."""
+    out: set[tuple[int, int]] = set()
+    try:
+        with open(f"{proc}/{pid}/maps", "rb") as fh:
+            data = fh.read(limit)
+    except OSError:
+        return out
+    for line in data.split(b"\n"):
+        f = line.split(None, 5)
+        if len(f) < 5 or f[4] == b"0":
+            continue
+        major, _, minor = f[3].partition(b":")
+        try:
+            out.add((os.makedev(int(major, 16), int(minor, 16)), int(f[4])))
+        except ValueError:
+            continue
+    return out
 
 
 def ancestors(pid: int, proc: str = PROC, limit: int = 64) -> list[ProcKey]:

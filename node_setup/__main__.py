@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="restart containerd (host systemd) when its configuration changed",
     )
+    p.add_argument(
+        "--library-only",
+        action="store_true",
+        help="DRA nodes: only the library under the prefix (no hook, no containerd handler, no host python3)",
+    )
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.add_argument("--namespace", default="kube-system", help="wait-daemonset: the DaemonSet's namespace")
     p.add_argument("--name", default="", help="wait-daemonset: the DaemonSet (its pods ran uninstall)")
@@ -62,6 +67,7 @@ def options(a: argparse.Namespace) -> setup.Options:
         without_nvidia_runtime=a.without_nvidia_runtime,
         containerd_args=a.containerd_arg,
         restart_containerd=a.restart_containerd,
+        library_only=a.library_only,
     )
 
 

@@ -48,21 +48,26 @@ class Options(msgspec.Struct, kw_only=True):
     without_nvidia_runtime: bool = False
     containerd_args: list[str] = msgspec.field(default_factory=list)
     restart_containerd: bool = False
+    # DRA nodes (docs/dra.md): the library under the prefix only. The DRA plugin's CDI specs mount
+    # it into the containers and give them /etc/ld.so.preload; no hook, no containerd handler, no
+    # host python3 needed, containerd's config is never touched.
+    library_only: bool = False
 
 
 class Manifest(msgspec.Struct, kw_only=True):
     """<prefix>/node-setup.json: what install put on the host (read by uninstall and status)."""
 
     version: str
-    python: str
-    python_version: str
+    python: str = ""  # "" for a library-only install (as are hook, containerd_config and handler)
+    python_version: str = ""
     library: str  # current versioned file name under <prefix>/lib
     library_previous: str | None = None
-    hook: str  # current version directory under <prefix>/hook
+    hook: str = ""  # current version directory under <prefix>/hook
     hook_previous: str | None = None
     created_dirs: list[str] = msgspec.field(default_factory=list)  # host paths
-    containerd_config: str
-    handler: str
+    containerd_config: str = ""
+    handler: str = ""
+    library_only: bool = False
     # False from the moment install starts placing files until it has finished: an install that
     # was interrupted (a failing step, a kill) still tells uninstall what it made.
     complete: bool = True
@@ -228,8 +233,70 @@ def restart_containerd(opts: Options) -> None:
         raise SetupError(f"{' '.join(cmd)} failed: {r.stderr.strip()[:300]}")
 
 
+def _place_library(opts: Options, old: Manifest | None, rec: files.Recorder) -> tuple[str, str | None, list[str]]:
+    """libvgpu.so under the prefix: a versioned file, then the link swap (a process that mapped
+    the old one keeps its inode). Returns (name, previous name, what changed)."""
+    lib_src = Path(opts.library_source)
+    try:
+        lib_data = lib_src.read_bytes()
+    except OSError as e:
+        raise SetupError(f"cannot read {lib_src}: {e.strerror}") from None
+    lib_name = f"libvgpu-{files.sha256_bytes(lib_data)[:16]}.so"
+    prev_lib = old.library if old and old.library != lib_name else (old.library_previous if old else None)
+    prefix = _host(opts, opts.prefix)
+    changed: list[str] = []
+    if files.write_atomic(prefix / "lib" / lib_name, lib_data, 0o644):
+        changed.append(f"lib/{lib_name}")
+    if files.symlink_atomic(prefix / LIBRARY_LINK, lib_name):
+        changed.append(LIBRARY_LINK)
+    files.prune(prefix / "lib", {lib_name, *([prev_lib] if prev_lib else [])}, "libvgpu-")
+    return lib_name, prev_lib, changed
+
+
+def install_library_only(opts: Options) -> list[str]:
+    """The library under the prefix and nothing else (DRA nodes). Idempotent. Over a full install
+    (a node that ran the device plugin before) only the library is renewed: the hook and
+    containerd's handler stay until `uninstall`, which removes them as the manifest says."""
+    old = _load_manifest(opts)
+    if old is not None and not old.library_only:
+        rec = files.Recorder([str(_host(opts, d)) for d in old.created_dirs])
+        lib_name, prev_lib, changed = _place_library(opts, old, rec)
+        old.library, old.library_previous = lib_name, prev_lib
+        _write_manifest(_host(opts, opts.prefix), old)
+        return [
+            f"vgpu-node-setup: {opts.prefix} on the host: " + (", ".join(changed) if changed else "unchanged"),
+            "vgpu-node-setup: the hook and containerd handler of an earlier full install stay (uninstall removes them)",
+        ]
+    rec = files.Recorder([str(_host(opts, d)) for d in old.created_dirs] if old else None)
+    prefix = _host(opts, opts.prefix)
+    rec.makedirs(prefix)
+    rec.makedirs(prefix / "lib")
+    lib_name = old.library if old else ""
+
+    def manifest(complete: bool) -> Manifest:
+        return Manifest(
+            version=__version__,
+            library=lib_name,
+            library_previous=prev_lib,
+            created_dirs=[_unhost(opts, Path(d)) for d in rec.created],
+            library_only=True,
+            complete=complete,
+        )
+
+    prev_lib = old.library_previous if old else None
+    _write_manifest(prefix, manifest(complete=False))  # before the first file (see install)
+    lib_name, prev_lib, changed = _place_library(opts, old, rec)
+    _write_manifest(prefix, manifest(complete=True))
+    return [
+        f"vgpu-node-setup: {opts.prefix} on the host: " + (", ".join(changed) if changed else "unchanged"),
+        "vgpu-node-setup: library only (DRA): no hook, containerd's configuration untouched",
+    ]
+
+
 def install(opts: Options) -> list[str]:
     """Put everything in place; returns the lines to print.  Idempotent."""
+    if opts.library_only:
+        return install_library_only(opts)
     python, ver = hostpython.find(opts.host_root, opts.python)
     src_root, rels = hook_sources()
     lib_src = Path(opts.library_source)
@@ -242,7 +309,7 @@ def install(opts: Options) -> list[str]:
     prev_lib = old.library if old and old.library != lib_name else (old.library_previous if old else None)
     sources = [(rel, (src_root / rel).read_bytes()) for rel in rels]
     hook_name = files.tree_digest(sources)[:16]
-    prev_hook = old.hook if old and old.hook != hook_name else (old.hook_previous if old else None)
+    prev_hook = old.hook if old and old.hook and old.hook != hook_name else (old.hook_previous if old else None)
     rec = files.Recorder([str(_host(opts, d)) for d in old.created_dirs] if old else None)
     prefix = _host(opts, opts.prefix)
 
@@ -317,13 +384,16 @@ def install(opts: Options) -> list[str]:
 
 
 def uninstall(opts: Options) -> list[str]:
-    """Undo install: containerd's config restored, every file and directory install created removed."""
+    """Undo install: containerd's config restored, every file and directory install created removed.
+    A library-only install (or, with nothing installed, `--library-only`) never touches containerd."""
     man = _load_manifest(opts)
     lines: list[str] = []
     notes: list[str] = []
-    before = _containerd_snapshot(opts, notes)
-    out = _run_containerd(opts, "uninstall", man.python if man else "/usr/bin/python3")
-    lines += [ln for ln in out.splitlines() if ln.strip()]
+    library_only = man.library_only if man is not None else opts.library_only
+    before = {} if library_only else _containerd_snapshot(opts, notes)
+    if not library_only:
+        out = _run_containerd(opts, "uninstall", (man.python if man else "") or "/usr/bin/python3")
+        lines += [ln for ln in out.splitlines() if ln.strip()]
     prefix = _host(opts, opts.prefix)
     if man is None:
         lines.append(f"vgpu-node-setup: nothing installed under {opts.prefix}")
@@ -354,7 +424,7 @@ def uninstall(opts: Options) -> list[str]:
             except OSError:
                 lines.append(f"vgpu-node-setup: left {_unhost(opts, p)} (not empty)")
         lines.append(f"vgpu-node-setup: removed {opts.prefix} from the host")
-    if _containerd_snapshot(opts) != before:
+    if not library_only and _containerd_snapshot(opts) != before:
         if opts.restart_containerd:
             restart_containerd(opts)
             lines.append("vgpu-node-setup: containerd restarted")
@@ -372,22 +442,26 @@ def status(opts: Options) -> tuple[int, dict[str, object]]:
     problems = []
     if not man.complete:
         problems.append("the last install did not finish: run install again (or uninstall)")
-    for rel in (LAUNCHER, LIBRARY_LINK, f"{HOOK_LINK}/runtime_hook/fastpath.py"):
+    wanted = (LIBRARY_LINK,) if man.library_only else (LAUNCHER, LIBRARY_LINK, f"{HOOK_LINK}/runtime_hook/fastpath.py")
+    for rel in wanted:
         if not (prefix / rel).exists():
             problems.append(f"{opts.prefix}/{rel} missing")
-    python = _host(opts, man.python)
-    if not python.exists():
-        problems.append(f"host {man.python} missing")
-    side = _host(opts, opts.containerd_config + ".vgpu-hook.json")
-    if not side.exists():
-        problems.append(f"containerd not wired ({opts.containerd_config}.vgpu-hook.json missing)")
+    if not man.library_only:
+        python = _host(opts, man.python)
+        if not python.exists():
+            problems.append(f"host {man.python} missing")
+        side = _host(opts, opts.containerd_config + ".vgpu-hook.json")
+        if not side.exists():
+            problems.append(f"containerd not wired ({opts.containerd_config}.vgpu-hook.json missing)")
     report: dict[str, object] = {
         "installed": True,
         "prefix": opts.prefix,
         "version": man.version,
-        "python": f"{man.python} ({man.python_version})",
+        "library_only": man.library_only,
         "library": man.library,
-        "hook": man.hook,
         "problems": problems,
     }
+    if not man.library_only:
+        report["python"] = f"{man.python} ({man.python_version})"
+        report["hook"] = man.hook
     return (1 if problems else 0), report

@@ -26,6 +26,9 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 class CommonConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     state_dir: str = paths.DEFAULT_STATE_DIR
     log_level: LogLevel = "warning"
+    # Files rebuilt at start-up that must not outlive a reboot (the DRA claims' limits and
+    # regions) go here when set, best a tmpfs such as /run/vgpu; empty: under state_dir.
+    run_dir: str = ""
 
 
 class HookConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -76,15 +79,48 @@ class MonitorConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     duty_period_ms: Annotated[int, msgspec.Meta(ge=50, le=10_000)] = 500
 
 
+MIB = 1 << 20
+# A DRA driver name: a lowercase DNS subdomain of at most 63 characters (ValidateCSIDriverName).
+DriverName = Annotated[
+    str, msgspec.Meta(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+]
+
+
+class DRAConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The DRA front end's own settings (`vgpu-dra-plugin`, docs/dra.md). The node's slicing
+    (split count, scalings), kubelet dir, node name and NVIDIA CDI kind are the `device_plugin`
+    section's, the library `hook.library_path`, the state dir `common.state_dir`: one node core
+    serves both front ends, with one set of node settings."""
+
+    driver_name: DriverName = "gpu.vgpu.k8s.io"
+    # Where the per-claim CDI specs go: /var/run/cdi is CDI's dynamic dir (specs with a lifetime),
+    # read after /etc/cdi by every runtime's default spec dirs.
+    cdi_dir: str = "/var/run/cdi"
+    # How the node's NVIDIA CDI spec names a GPU: `<kind>=<uuid>` or `<kind>=<index>` (nvidia-ctk
+    # cdi generate writes both).
+    nvidia_cdi_device: Literal["uuid", "index"] = "uuid"
+    # requestPolicy.validRange of the capacities: min and step (bytes, percent); max is the
+    # capacity rounded down to a step; the default is the 1/K share rounded down to a step.
+    memory_step: PositiveInt = 256 * MIB
+    memory_min: PositiveInt = 256 * MIB
+    cores_step: PositiveInt = 1
+    cores_min: Annotated[int, msgspec.Meta(ge=0)] = 1
+    # Publish the node's ResourceSlices (off: another component does, or tests).
+    publish: bool = True
+    # Seconds between re-checks of the published ResourceSlices.
+    resync_s: PositiveFloat = 60.0
+
+
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     common: CommonConfig = msgspec.field(default_factory=CommonConfig)
     hook: HookConfig = msgspec.field(default_factory=HookConfig)
     device_plugin: DevicePluginConfig = msgspec.field(default_factory=DevicePluginConfig)
     monitor: MonitorConfig = msgspec.field(default_factory=MonitorConfig)
+    dra: DRAConfig = msgspec.field(default_factory=DRAConfig)
 
     @property
     def paths(self) -> paths.Paths:
-        return paths.Paths(self.common.state_dir)
+        return paths.Paths(self.common.state_dir, self.common.run_dir)
 
 
 class ConfigError(ValueError):

@@ -2,8 +2,10 @@
 
 `vgpuctl status` reads the monitor's status file (<state_dir>/monitor/status.json,
 rewritten every second by vgpu-monitor) and prints the GPUs, their vGPU
-containers (pod/namespace), memory used/limit, SM use/share and whether each
-is suspended.  No cluster access is needed.
+slices (pod/namespace), memory used/limit, SM use/share and whether each
+is suspended.  No cluster access is needed.  A slice is a container of the
+device-plugin path or a DRA claim (ID `claim:<uid>`, shared by the containers
+of the pods named, CONTAINER shows `claim <name>`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
+def _who(r: dict[str, Any]) -> str:
+    """The CONTAINER column: the container's name, or the claim a DRA slice is."""
+    if r.get("claim"):
+        return f"claim {r['claim']}"
+    return str(r.get("container") or "-")
+
+
 def render(status: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     age = now - float(status.get("time", 0))
@@ -54,7 +63,7 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         if not rows:
             lines.append("  (no vGPU containers)")
             continue
-        lines.append(f"  {'NAMESPACE/POD':<32} {'CONTAINER':<14} {'ID':<13} {HEAD_MEM:<19} {HEAD_SM:<15} STATE")
+        lines.append(f"  {'NAMESPACE/POD':<32} {'CONTAINER':<20} {'ID':<13} {HEAD_MEM:<19} {HEAD_SM:<15} STATE")
         for r in rows:
             shown.add(r["container_id"])
             c = containers.get(r["container_id"], {})
@@ -63,7 +72,7 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
             if c.get("region_error"):
                 st += " region-corrupt"
             lines.append(
-                f"  {pod:<32.32} {r.get('container') or '-':<14.14} {r['container_id'][:12]:<13} "
+                f"  {pod:<32.32} {_who(r):<20.20} {r['container_id'][:12]:<13} "
                 f"{_gib(r.get('memory_used')) + '/' + _gib(r.get('memory_limit')):<19} "
                 f"{_pct(r.get('sm_use')) + '/' + _pct(r.get('share')):<15} {st}"
             )
@@ -73,7 +82,7 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         for c in idle:
             pod = f"{c.get('namespace') or '-'}/{c.get('pod') or '-'}"
             extra = " region-corrupt" if c.get("region_error") else ""
-            lines.append(f"  {pod:<32.32} {c.get('container') or '-':<14.14} {c['container_id'][:12]}{extra}")
+            lines.append(f"  {pod:<32.32} {_who(c):<20.20} {c['container_id'][:12]}{extra}")
     return "\n".join(lines) + "\n"
 
 

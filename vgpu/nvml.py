@@ -3,7 +3,9 @@
 - `init()`: nvmlInit with retry and exponential backoff (the driver may not be
   ready yet when a daemon starts at boot).
 - `inventory()`: the GPUs as `GPUInfo` (index, UUID, name, memory, PCI bus id,
-  NUMA node read from sysfs `<sysfs_root>/bus/pci/devices/<busid>/numa_node`).
+  NUMA node read from sysfs `<sysfs_root>/bus/pci/devices/<busid>/numa_node`, CUDA compute
+  capability, driver and CUDA driver versions): the node core's inventory, which both front ends
+  publish (the device plugin's node annotation, the DRA plugin's ResourceSlice attributes).
   The sysfs root defaults to `$VGPU_SYSFS_ROOT`, else `/sys`, so tests can
   point it at a directory of their own.
 - `XidWatcher`: waits for XID critical-error events on a set of devices.
@@ -93,6 +95,11 @@ class GPUInfo:
     memory_total: int
     pci_bus_id: str | None
     numa_node: int | None
+    # None where NVML does not say (NOT_SUPPORTED on old drivers, the simulator's gaps).
+    cc_major: int | None = None
+    cc_minor: int | None = None
+    driver_version: str | None = None  # NVML's text, e.g. "580.65.06"
+    cuda_driver_version: int | None = None  # NVML's number, e.g. 12080
 
 
 def sysfs_root() -> str:
@@ -137,20 +144,48 @@ def _bus_id(handle: Any) -> str | None:
     return _text(raw) if raw else None
 
 
-def device_info(index: int, root: str | None = None) -> GPUInfo:
+def _optional(fn: Callable[..., Any], *args: Any) -> Any:
+    """An NVML query whose failure only means "unknown" (None)."""
+    pynvml = _pynvml()
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as e:  # NOT_SUPPORTED on old drivers and the simulator's gaps
+        log.debug("%s: %s", getattr(fn, "__name__", fn), e)
+        return None
+
+
+def device_info(
+    index: int, root: str | None = None, driver: str | None = None, cuda_driver: int | None = None
+) -> GPUInfo:
     pynvml = _pynvml()
     h = pynvml.nvmlDeviceGetHandleByIndex(index)
     uuid = _text(pynvml.nvmlDeviceGetUUID(h))
     name = _text(pynvml.nvmlDeviceGetName(h))
     mem = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
     bus = _bus_id(h)
-    return GPUInfo(index=index, uuid=uuid, name=name, memory_total=mem, pci_bus_id=bus, numa_node=numa_node(bus, root))
+    cc = _optional(pynvml.nvmlDeviceGetCudaComputeCapability, h)
+    return GPUInfo(
+        index=index,
+        uuid=uuid,
+        name=name,
+        memory_total=mem,
+        pci_bus_id=bus,
+        numa_node=numa_node(bus, root),
+        cc_major=int(cc[0]) if cc else None,
+        cc_minor=int(cc[1]) if cc else None,
+        driver_version=driver,
+        cuda_driver_version=cuda_driver,
+    )
 
 
 def inventory(root: str | None = None) -> list[GPUInfo]:
     """All GPUs NVML reports, in NVML index order (NVML must be initialised)."""
     pynvml = _pynvml()
-    return [device_info(i, root) for i in range(pynvml.nvmlDeviceGetCount())]
+    driver = _optional(pynvml.nvmlSystemGetDriverVersion)
+    cuda = _optional(pynvml.nvmlSystemGetCudaDriverVersion)
+    drv = _text(driver) if driver is not None else None
+    cuda_v = int(cuda) if cuda is not None else None
+    return [device_info(i, root, drv, cuda_v) for i in range(pynvml.nvmlDeviceGetCount())]
 
 
 def device_lost(uuid: str) -> bool:

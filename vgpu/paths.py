@@ -1,7 +1,10 @@
 """Host paths of DESIGN.md, in one place.
 
 Every daemon derives its paths from one `state_dir` (default /var/lib/vgpu) so
-tests and demos can run the whole stack under a temporary directory.
+tests and demos can run the whole stack under a temporary directory; files that
+are rebuilt at start-up and must not outlive a reboot (the DRA claims' limits
+and regions) may live under a `run_dir` instead (a tmpfs such as /run/vgpu;
+`common.run_dir`, empty: the state dir).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ LIMITS_FILE = "limits"
 REGION_FILE = "region"
 PRELOAD_FILE = "ld.so.preload"
 METADATA_FILE = "metadata.json"
+# The host-only metadata of a prepared DRA claim, in its directory under claims_dir.
+CLAIM_METADATA_FILE = "claim.json"
 
 # Plain character sets, not `re` (nor `dataclasses` below): the OCI hook
 # imports this module on every vGPU container start, and those two imports
@@ -33,6 +38,10 @@ _TOKEN_CHARS = frozenset("0123456789abcdef")
 # Container ids: containerd/CRI use 64 hex chars; runc accepts [\w+-.]; we
 # accept that set, bounded, and never a path separator or a dot-only name.
 _CONTAINER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+.-")
+
+
+_HEX_LOWER = frozenset("0123456789abcdef")
+_UID_DASHES = (8, 13, 18, 23)
 
 
 class InvalidName(ValueError):
@@ -46,6 +55,14 @@ def valid_token(token: str) -> bool:
     return len(token) == 32 and _TOKEN_CHARS.issuperset(token)
 
 
+def valid_claim_uid(uid: str) -> bool:
+    """A ResourceClaim UID as the API server makes them (lowercase RFC 4122: validation.go
+    validateUID, 8-4-4-4-12 hex digits): a path component and a CDI device name here."""
+    if not isinstance(uid, str) or len(uid) != 36:
+        return False
+    return all(uid[i] == "-" for i in _UID_DASHES) and _HEX_LOWER.issuperset(uid.replace("-", ""))
+
+
 def valid_container_id(cid: str) -> bool:
     if not isinstance(cid, str):
         raise TypeError(f"expected str, got {type(cid).__name__}")
@@ -55,27 +72,29 @@ def valid_container_id(cid: str) -> bool:
 class Paths:
     """All host paths derived from the state directory.
 
-    Behaves as `@dataclass(frozen=True)` with one field `state_dir` did
+    Behaves as `@dataclass(frozen=True)` with fields `state_dir` and `run_dir` would
     (init, repr, eq, hash, match, FrozenInstanceError), written out by hand
     so that importing this module does not import dataclasses.
     """
 
-    __match_args__ = ("state_dir",)
+    __match_args__ = ("state_dir", "run_dir")
     state_dir: str
+    run_dir: str
 
-    def __init__(self, state_dir: str = DEFAULT_STATE_DIR) -> None:
+    def __init__(self, state_dir: str = DEFAULT_STATE_DIR, run_dir: str = "") -> None:
         object.__setattr__(self, "state_dir", state_dir)
+        object.__setattr__(self, "run_dir", run_dir)
 
     def __repr__(self) -> str:
-        return f"{type(self).__qualname__}(state_dir={self.state_dir!r})"
+        return f"{type(self).__qualname__}(state_dir={self.state_dir!r}, run_dir={self.run_dir!r})"
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is self.__class__:
-            return (self.state_dir,) == (other.state_dir,)  # type: ignore[attr-defined]
+            return (self.state_dir, self.run_dir) == (other.state_dir, other.run_dir)  # type: ignore[attr-defined]
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self.state_dir,))
+        return hash((self.state_dir, self.run_dir))
 
     def __setattr__(self, name: str, value: object) -> None:
         from dataclasses import FrozenInstanceError  # only on misuse
@@ -107,6 +126,26 @@ class Paths:
     @property
     def status_path(self) -> str:
         return os.path.join(self.monitor_dir, "status.json")
+
+    @property
+    def claims_dir(self) -> str:
+        """Per-claim state of the DRA front end (docs/dra.md): `<uid>/` and the shared ld.so.preload.
+        Under the run dir when there is one: the DRA plugin rebuilds it from its checkpoint."""
+        return os.path.join(self.run_dir or self.state_dir, "claims")
+
+    @property
+    def dra_dir(self) -> str:
+        """The DRA plugin's own files (its checkpoint)."""
+        return os.path.join(self.state_dir, "dra")
+
+    @property
+    def dra_checkpoint(self) -> str:
+        return os.path.join(self.dra_dir, "checkpoint.json")
+
+    def claim_dir(self, uid: str) -> str:
+        if not valid_claim_uid(uid):
+            raise InvalidName(f"invalid claim uid {str(uid)[:40]!r}")
+        return os.path.join(self.claims_dir, uid)
 
     def allocation_record(self, token: str) -> str:
         if not valid_token(token):

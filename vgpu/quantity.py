@@ -22,6 +22,10 @@ time on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 DECIMAL_EXPONENT = "DecimalExponent"  # 12e6
 BINARY_SI = "BinarySI"  # 12Mi
@@ -382,3 +386,33 @@ def whole(value: object) -> int:
     if n > INT64_MAX:
         raise QuantityError("is too large")
     return n
+
+
+def exact(q: Quantity) -> Fraction:
+    """The exact value of a parsed quantity (for comparisons: "16Gi" equals "17179869184")."""
+    from fractions import Fraction  # only where exact values are compared (DRA capacities)
+
+    return Fraction(q.unscaled) * Fraction(10) ** q.exp10
+
+
+def value(text: str) -> int:
+    """quantity.go `Quantity.Value()` of a quantity string: its value rounded up to an integer,
+    away from zero (`ScaledValue(0)`); QuantityError when it is not a quantity."""
+    q = parse(text)
+    if q.exp10 >= 0:
+        if q.exp10 > MAX_DIGITS:
+            raise QuantityError(ERR_RANGE)
+        return q.unscaled * 10**q.exp10
+    return _round_away(q.unscaled, -q.exp10)[0]
+
+
+def format_binary(n: int) -> str:
+    """The text the API server stores for the integer n held as BinarySI (CanonicalizeBytes):
+    the largest exact power of 1024 (Ki ... Ei), below 1024 DecimalSI, else the plain number."""
+    return canonical(Quantity(n, 0, BINARY_SI))
+
+
+def format_decimal(n: int) -> str:
+    """The text the API server stores for the integer n held as DecimalSI: the largest exact
+    suffix of k, M, G, T, P, E."""
+    return canonical(Quantity(n, 0, DECIMAL_SI))

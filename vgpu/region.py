@@ -123,8 +123,18 @@ class RegionSnapshot:
     slots: list[SlotInfo]
 
 
-def initialise(path: str, limits: Iterable[DeviceLimit], mode: int = 0o666) -> None:
-    """Create a fresh region file for `limits` (atomic: temp file + rename)."""
+def initialise(
+    path: str, limits: Iterable[DeviceLimit], mode: int = 0o666, *, durable: bool = True, atomic: bool = True
+) -> None:
+    """Create a fresh region file for `limits` (atomic: temp file + rename; `atomic=False`: created
+    in place, O_EXCL, for a directory nobody reads yet).
+
+    `durable` (the hook): the whole file is written and fsynced. Without (the DRA plugin, whose
+    checkpoint rebuilds a missing region at start-up): the header and devices are written, the
+    zeroed slots are a hole (ftruncate: they read as zeros; a slot's page is allocated when a
+    process of the container first takes a slot in it), and nothing is fsynced. Both give the
+    same bytes. (On a full filesystem a container's first write to a new page of a sparse region
+    would fail with SIGBUS: keep the run dir's tmpfs with room, as the node's /run always needs.)"""
     lim = list(limits)
     if len(lim) > MAX_DEVICES:
         raise ValueError(f"too many devices ({len(lim)} > {MAX_DEVICES})")
@@ -143,15 +153,24 @@ def initialise(path: str, limits: Iterable[DeviceLimit], mode: int = 0o666) -> N
         r.devices[i].memory_limit = d.memory_limit
         r.devices[i].core_percent = d.core_percent
         r.devices[i].flags = DEV_OVERSUBSCRIBE if d.oversubscribe else 0
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    tmp = path + ".tmp" if atomic else path
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if atomic else os.O_EXCL)
+    fd = os.open(tmp, flags, mode)
     try:
         os.fchmod(fd, mode)
-        os.write(fd, bytes(r))
-        os.fsync(fd)
-    finally:
+        if durable:
+            os.write(fd, bytes(r))
+            os.fsync(fd)
+        else:
+            os.write(fd, ctypes.string_at(ctypes.addressof(r), SLOT_OFFSET))
+            os.ftruncate(fd, REGION_SIZE)
+    except BaseException:
         os.close(fd)
-    os.rename(tmp, path)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    if atomic:
+        os.rename(tmp, path)
 
 
 def _u64s(buf: bytes, off: int, n: int) -> tuple[int, ...]:

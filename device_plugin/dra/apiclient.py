@@ -8,11 +8,16 @@ Structs. Errors become `ApiError` with the HTTP status (0 when the server was no
 
 from __future__ import annotations
 
+import http.client
 import json
+import ssl
+import threading
+import time
 from typing import Any, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 REQUEST_TIMEOUT_S = 10.0
+AUTH_CACHE_S = 5.0
 
 
 class ApiError(Exception):
@@ -63,6 +68,32 @@ def _message(e: Exception) -> tuple[int, str]:
     return status, msg
 
 
+def _direct_target(cfg: Any) -> tuple[str, str, int] | None:
+    """(scheme, host, port) when claims can be read over a plain keep-alive connection with the
+    client's own TLS settings; None where the kubernetes client's pool must do it (a proxy, a TLS
+    server name or host name override: rare set-ups, read as before)."""
+    if cfg.proxy or cfg.tls_server_name or isinstance(cfg.assert_hostname, str) or cfg.socket_options:
+        return None
+    u = urlsplit(cfg.host)
+    if u.scheme not in ("http", "https") or not u.hostname or (u.path not in ("", "/")):
+        return None
+    return u.scheme, u.hostname, u.port or (443 if u.scheme == "https" else 80)
+
+
+def _ssl_context(cfg: Any) -> ssl.SSLContext:
+    """The kubernetes client's TLS settings (kubernetes/client/rest.py RESTClientObject: verify_ssl,
+    ssl_ca_cert, ca_cert_data, cert_file, key_file, assert_hostname)."""
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None, cadata=cfg.ca_cert_data or None)
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
+    if not cfg.verify_ssl:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif cfg.assert_hostname is False:
+        ctx.check_hostname = False
+    return ctx
+
+
 class KubeResourceAPI:
     """ResourceAPI over a kubernetes.client.ApiClient."""
 
@@ -73,6 +104,10 @@ class KubeResourceAPI:
         self._resource = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._timeout = timeout
+        self._direct = _direct_target(api_client.configuration)
+        self._ssl = _ssl_context(api_client.configuration) if self._direct and self._direct[0] == "https" else None
+        self._local = threading.local()  # one keep-alive connection per reading thread
+        self._auth: tuple[float, dict[str, str]] | None = None
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         try:
@@ -82,18 +117,68 @@ class KubeResourceAPI:
             raise ApiError(status, msg) from None
 
     def get_claim(self, namespace: str, name: str) -> bytes:
-        """GET through the client's own connection pool, TLS settings and credentials (the
-        bearer token of `auth_settings`, refreshed by the client's hook: in-cluster token
-        files, kubeconfig exec plugins; client certificates live in the pool), without the
-        generated method's per-call argument validation: NodePrepareResources reads one claim
-        per claim, and that validation cost more CPU than the rest of the read (make bench-dra)."""
-        cfg = self._client.configuration
-        headers = {"Accept": "application/json"}
-        for auth in cfg.auth_settings().values():
+        """GET with the client's credentials (the bearer token of `auth_settings`, refreshed by
+        the client's hook: in-cluster token files, kubeconfig exec plugins; client certificates)
+        and TLS settings, over a keep-alive connection of this thread: NodePrepareResources reads
+        one claim per claim, and the generated method (argument validation, its pool's
+        bookkeeping, response objects) cost several times the read itself (make bench-dra)."""
+        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/{quote(name, safe='')}"
+        headers = self._headers()
+        if self._direct is None:
+            return self._get_pooled(self._client.configuration.host + path, headers)
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                conn.request("GET", path, headers=headers)
+                r = conn.getresponse()
+                data = r.read()
+            except (OSError, http.client.HTTPException) as e:
+                # A keep-alive connection the server closed meanwhile: once more on a new one.
+                conn.close()
+                self._local.conn = None
+                if attempt == 2 or isinstance(e, TimeoutError):
+                    raise ApiError(0, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+                continue
+            if r.will_close:
+                conn.close()
+                self._local.conn = None
+            if r.status == 401 and attempt == 1:
+                headers = self._headers(fresh=True)  # a token rotated within AUTH_CACHE_S
+                continue
+            if r.status != 200:
+                raise ApiError(r.status, _status_message(data))
+            return data
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _headers(self, fresh: bool = False) -> dict[str, str]:
+        """The request headers with the client's credentials, asked of the client at most every
+        AUTH_CACHE_S (its refresh hook re-reads kubeconfig or token files, and setting the host
+        reads the whole proxy environment: half a millisecond a call)."""
+        now = time.monotonic()
+        cached = self._auth
+        if cached is not None and not fresh and now - cached[0] < AUTH_CACHE_S:
+            return cached[1]
+        headers = {"Accept": "application/json", "User-Agent": "vgpu-dra-plugin"}
+        for auth in self._client.configuration.auth_settings().values():
             if auth.get("in") == "header" and auth.get("value"):
                 headers[auth["key"]] = auth["value"]
-        ns, n = quote(namespace, safe=""), quote(name, safe="")
-        url = f"{cfg.host}/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{n}"
+        self._auth = (now, headers)
+        return headers
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            assert self._direct is not None
+            scheme, host, port = self._direct
+            if scheme == "https":
+                conn = http.client.HTTPSConnection(host, port, timeout=self._timeout, context=self._ssl)
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=self._timeout)
+            self._local.conn = conn
+        return conn
+
+    def _get_pooled(self, url: str, headers: dict[str, str]) -> bytes:
+        """The same GET through the client's own connection pool (proxies and the like)."""
         try:
             r = self._client.rest_client.pool_manager.request("GET", url, headers=headers, timeout=self._timeout)
         except Exception as e:  # urllib3 errors: connection refused, timeouts, TLS

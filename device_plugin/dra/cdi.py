@@ -42,6 +42,7 @@ from typing import Any
 import msgspec
 
 from vgpu import paths as vpaths
+from vgpu.schemas import write_atomic
 
 CDI_VERSION = "0.5.0"
 VENDOR = "vgpu.k8s.io"
@@ -105,6 +106,7 @@ class SpecDir:
 
     def __init__(self, cdi_dir: str) -> None:
         self.cdi_dir = cdi_dir
+        self._made = False
 
     def path(self, claim_uid: str) -> str:
         device_id(claim_uid)  # validates the name
@@ -113,27 +115,21 @@ class SpecDir:
     def write(self, claim_uid: str, files: ClaimFiles) -> str:
         """Write (replace) the claim's spec atomically; returns its path.
 
-        The temporary file has no .json/.yaml extension and a leading dot, so a runtime's CDI
-        cache, which loads only those extensions (pkg/cdi/spec-dirs.go scanSpecDirs), never
-        reads a half-written spec; the rename makes the whole spec appear at once. No fsync:
-        after a crash the plugin rewrites every spec of its checkpoint.
+        The temporary file (vgpu.schemas.write_atomic) has a leading dot and no .json/.yaml
+        extension, so a runtime's CDI cache, which loads only those extensions
+        (pkg/cdi/spec-dirs.go scanSpecDirs), never reads a half-written spec; the rename makes the
+        whole spec appear at once. No fsync: after a crash the plugin rewrites every spec of its
+        checkpoint.
         """
-        os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
+        if not self._made:
+            os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
+            self._made = True
         path = self.path(claim_uid)
-        data = msgspec.json.encode(spec(claim_uid, files))
-        tmp = os.path.join(self.cdi_dir, f".{spec_file_name(claim_uid)}.tmp{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
-            os.fchmod(fd, 0o644)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp)
-            raise
-        os.close(fd)
-        os.rename(tmp, path)
+            write_atomic(path, msgspec.json.encode(spec(claim_uid, files)), 0o644, durable=False)
+        except FileNotFoundError:  # the directory was removed meanwhile: make it again, once
+            os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
+            write_atomic(path, msgspec.json.encode(spec(claim_uid, files)), 0o644, durable=False)
         return path
 
     def exists(self, claim_uid: str) -> bool:

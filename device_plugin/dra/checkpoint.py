@@ -14,8 +14,7 @@ import os
 
 import msgspec
 
-from device_plugin.dra.claimstate import ClaimDevice
-from vgpu.schemas import AllocatedGPU, write_atomic
+from vgpu.schemas import AllocatedGPU, ClaimDevice, write_atomic
 
 CHECKPOINT_VERSION = 1
 

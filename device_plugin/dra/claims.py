@@ -17,13 +17,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from device_plugin.dra import quantity
+from vgpu import quantity
+from vgpu.paths import valid_claim_uid
 
 CAPACITY_MEMORY = "memory"
 CAPACITY_CORES = "cores"
-# A claim UID is a path component and a CDI device name here: lowercase RFC 4122 as the API
-# server makes them (validation.go validateUID), bounded; anything else is refused.
-_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -84,7 +82,9 @@ def decode(data: bytes) -> ResourceClaim:
 
 
 def valid_uid(uid: str) -> bool:
-    return isinstance(uid, str) and bool(_UID.fullmatch(uid))
+    """A claim UID is a path component and a CDI device name here: lowercase RFC 4122 as the API
+    server makes them (validation.go validateUID); anything else is refused."""
+    return valid_claim_uid(uid)
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,20 @@ be made per container: the files are made at NodePrepareResources, one set per c
 container that uses the claim mounts the same ones. That is the point: they share one slice
 (one region, so the library adds up their allocations against one limit).
 
-`<state_dir>/claims/<claim-uid>/` (0700, root):
+`<state_dir>/claims/<claim-uid>/` (vgpu.paths `claim_dir`; 0700, root):
 
 | file | mounted in the container as | mode |
 | --- | --- | --- |
 | `limits` | /run/vgpu/limits (ro) | 0644 |
 | `region` | /run/vgpu/region (rw) | 0666 |
-| `ld.so.preload` | /etc/ld.so.preload (ro) | 0644 |
-| `claim.json` | - (host only: monitor, vgpuctl) | 0600 |
+| `claim.json` | - (host only: monitor, vgpuctl; vgpu.schemas.ClaimMetadata) | 0600 |
+
+and `<state_dir>/claims/ld.so.preload`, shared by every claim, at /etc/ld.so.preload (ro, 0644).
 
 The limits and the region are the hook's (vgpu.limits.render, vgpu.region.initialise), from
 the claim's allocation record. A region that exists is never rewritten: containers of the claim
-may be running and accounting in it (a repeated Prepare, a plugin restart).
+may be running and accounting in it (a repeated Prepare, a plugin restart). Nothing here is
+fsynced: the plugin's checkpoint (fsynced once per call) rebuilds whatever a crash lost.
 """
 
 from __future__ import annotations
@@ -26,45 +28,10 @@ import shutil
 import stat
 import time
 
-import msgspec
-
 from vgpu import limits as vlimits
 from vgpu import paths as vpaths
 from vgpu import region as vregion
-from vgpu.schemas import AllocatedGPU, AllocationRecord
-
-CLAIM_METADATA = "claim.json"
-CLAIM_METADATA_VERSION = 1
-
-
-class ClaimDevice(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    request: str
-    pool: str
-    device: str
-    share_id: str = ""
-    uuid: str
-    memory: int
-    cores: int
-
-
-class PodRef(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    name: str
-    uid: str
-
-
-class ClaimMetadata(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Host-only metadata of a prepared claim (for the monitor and vgpuctl, phase 2)."""
-
-    version: int = CLAIM_METADATA_VERSION
-    claim_uid: str
-    namespace: str
-    name: str
-    token: str
-    created: float
-    driver: str
-    devices: list[ClaimDevice] = msgspec.field(default_factory=list)
-    gpus: list[AllocatedGPU] = msgspec.field(default_factory=list)
-    reserved_for: list[PodRef] = msgspec.field(default_factory=list)
+from vgpu.schemas import UMASK, AllocationRecord, ClaimDevice, ClaimMetadata, PodRef, encode, write_atomic, write_new
 
 
 def preload_text() -> str:
@@ -83,10 +50,11 @@ def preload_text() -> str:
 
 
 class ClaimState:
-    """Creates, checks and removes per-claim directories under `claims_dir`."""
+    """Creates, checks and removes per-claim directories under the state dir's claims dir."""
 
-    def __init__(self, claims_dir: str) -> None:
-        self.claims_dir = claims_dir
+    def __init__(self, paths: vpaths.Paths) -> None:
+        self.paths = paths
+        self.claims_dir = paths.claims_dir
 
     def ensure_dir(self) -> None:
         os.makedirs(self.claims_dir, mode=0o700, exist_ok=True)
@@ -106,13 +74,11 @@ class ClaimState:
                     return
         except OSError:
             pass
-        _write(self.preload_path, want, 0o644)
+        write_atomic(self.preload_path, want, 0o644, durable=False)
 
     def path(self, claim_uid: str) -> str:
         # The UID was checked (claims.valid_uid) before it reaches here; refuse anything else.
-        if not claim_uid or "/" in claim_uid or claim_uid in (".", ".."):
-            raise ValueError(f"invalid claim uid {claim_uid[:64]!r}")
-        return os.path.join(self.claims_dir, claim_uid)
+        return self.paths.claim_dir(claim_uid)
 
     def files(self, claim_uid: str) -> dict[str, str]:
         d = self.path(claim_uid)
@@ -120,7 +86,7 @@ class ClaimState:
             "limits": os.path.join(d, vpaths.LIMITS_FILE),
             "region": os.path.join(d, vpaths.REGION_FILE),
             "preload": self.preload_path,
-            "metadata": os.path.join(d, CLAIM_METADATA),
+            "metadata": os.path.join(d, vpaths.CLAIM_METADATA_FILE),
         }
 
     def complete(self, claim_uid: str) -> bool:
@@ -142,13 +108,39 @@ class ClaimState:
         os.chmod(d, 0o700)
         f = self.files(meta.claim_uid)
         lim = vlimits.from_record(rec)
-        _write(f["limits"], vlimits.render(lim).encode(), 0o644)
+        write_atomic(f["limits"], vlimits.render(lim).encode(), 0o644, durable=False)
         if not os.path.isfile(f["preload"]):
             self._ensure_preload()
         if not _is_region(f["region"]):
-            write_region(f["region"], lim)
+            vregion.initialise(f["region"], lim, durable=False)
         if not (keep_metadata and os.path.isfile(f["metadata"]) and not os.path.islink(f["metadata"])):
-            _write(f["metadata"], msgspec.json.encode(meta), 0o600)
+            write_atomic(f["metadata"], encode(meta), 0o600, durable=False)
+
+    def create_new(self, rec: AllocationRecord, meta: ClaimMetadata) -> None:
+        """The directory of a claim seen for the first time, in few system calls (one Prepare of
+        16 claims makes 16 of them: make bench-dra): a fresh directory nothing reads yet, its files
+        created in place; claim.json last, renamed into place (the monitor takes a claim whose
+        claim.json it cannot read yet for one still being made). Leftovers of an interrupted
+        attempt are completed by `create` instead."""
+        d = self.path(meta.claim_uid)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            self.create(rec, meta)
+            return
+        try:
+            if UMASK & 0o700:
+                os.chmod(d, 0o700)
+            lim = vlimits.from_record(rec)
+            write_new(os.path.join(d, vpaths.LIMITS_FILE), vlimits.render(lim).encode(), 0o644)
+            vregion.initialise(os.path.join(d, vpaths.REGION_FILE), lim, durable=False, atomic=False)
+            write_atomic(os.path.join(d, vpaths.CLAIM_METADATA_FILE), encode(meta), 0o600, durable=False)
+        except BaseException:
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+
+    def preload_ok(self) -> bool:
+        return os.path.isfile(self.preload_path) and not os.path.islink(self.preload_path)
 
     def remove(self, claim_uid: str) -> None:
         """Remove the claim's directory; a missing one is not an error."""
@@ -165,55 +157,9 @@ class ClaimState:
     def list(self) -> list[str]:
         """The claim directories (not the shared preload file)."""
         try:
-            return sorted(n for n in os.listdir(self.claims_dir) if n != vpaths.PRELOAD_FILE)
+            return sorted(n for n in os.listdir(self.claims_dir) if vpaths.valid_claim_uid(n))
         except FileNotFoundError:
             return []
-
-
-def region_image(lim: list[vlimits.DeviceLimit]) -> bytes:
-    """The bytes `vgpu.region.initialise` writes for these limits, up to the process slots
-    (all zero in a fresh region): its ctypes layout, filled in the same way."""
-    if len(lim) > vregion.MAX_DEVICES:
-        raise ValueError(f"too many devices ({len(lim)} > {vregion.MAX_DEVICES})")
-    buf = bytearray(vregion.REGION_SIZE)
-    r = vregion.Region.from_buffer(buf)
-    r.magic = vregion.MAGIC
-    r.version = vregion.VERSION
-    r.size = vregion.REGION_SIZE
-    r.num_devices = len(lim)
-    r.num_slots = vregion.MAX_SLOTS
-    r.created = int(time.time())
-    for i, d in enumerate(lim):
-        u = d.uuid.encode()
-        if len(u) >= vregion.UUID_LEN:
-            raise ValueError(f"uuid too long: {d.uuid[:40]!r}")
-        r.devices[i].uuid = u
-        r.devices[i].memory_limit = d.memory_limit
-        r.devices[i].core_percent = d.core_percent
-        r.devices[i].flags = vregion.DEV_OVERSUBSCRIBE if d.oversubscribe else 0
-    del r  # releases the buffer export
-    return bytes(buf[: vregion.SLOT_OFFSET])
-
-
-def write_region(path: str, lim: list[vlimits.DeviceLimit]) -> None:
-    """A fresh region with the content of `vgpu.region.initialise` (tests/dra/test_claimstate.py
-    compares the files byte for byte), written for speed: the header and devices, then the
-    zeroed slots as allocated space (posix_fallocate: reads as zeros, and the library's later
-    writes through its mapping cannot fail for want of disk space), no fsync (a claim's region
-    is rebuilt from the checkpoint after a crash; sixteen fsyncs of 584 KiB would dominate
-    Prepare, `make bench-dra`), renamed into place."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    try:
-        os.fchmod(fd, 0o666)
-        os.write(fd, region_image(lim))
-        os.posix_fallocate(fd, 0, vregion.REGION_SIZE)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.rename(tmp, path)
 
 
 def _is_region(path: str) -> bool:
@@ -224,20 +170,6 @@ def _is_region(path: str) -> bool:
     except FileNotFoundError:
         return False
     return stat.S_ISREG(st.st_mode) and st.st_size == vregion.REGION_SIZE
-
-
-def _write(path: str, data: bytes, mode: int) -> None:
-    """Atomic replace without fsync: these files are rebuilt from the checkpoint after a crash."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
 
 
 def new_metadata(

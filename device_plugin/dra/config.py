@@ -1,62 +1,96 @@
-"""Settings of the DRA plugin.
+"""The DRA plugin's settings: a view of the node configuration (vgpu.config.NodeConfig).
 
-Phase 1 keeps `vgpu.config.NodeConfig` as it is (its sections refuse unknown fields, so a
-`[dra]` section would stop the other daemons): the plugin takes the node-wide settings from the
-node config (`common.state_dir`, `hook.library_path`, the `device_plugin` split count, scalings,
-kubelet dir, node name and CDI kind) and its own from flags. `from_node_config` is that mapping.
+Its own settings are the `[dra]` section; the rest is the node's, shared with the device plugin
+through the node core: `common.state_dir` and `common.run_dir` (the claims' files, rebuilt at
+start-up: best a tmpfs), `hook.library_path`, and from `[device_plugin]` the
+slicing (split count, scalings), `kubelet_dir`, `node_name`, `cdi_kind` (the NVIDIA CDI kind) and
+`health_recovery_s`. `FIELDS` names each setting's place in the node config; the command line's
+flags (`--driver-name`, `--device-split-count`, ...) override those places.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Any
 
-import msgspec
-
-from vgpu.config import NodeConfig
+from device_plugin.devices import Slicing
+from vgpu.config import NodeConfig, load_config
+from vgpu.paths import Paths
 
 DRIVER_NAME = "gpu.vgpu.k8s.io"
-MIB = 1 << 20
 
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-# A DRA driver name: a lowercase DNS subdomain of at most 63 characters (ValidateCSIDriverName).
-DriverName = Annotated[
-    str, msgspec.Meta(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-]
-# A CDI kind `<vendor>/<class>` (container-device-interface pkg/parser/parser.go).
-_CDI_NAME = r"[A-Za-z][A-Za-z0-9_.-]*[A-Za-z0-9]"
-CdiKind = Annotated[str, msgspec.Meta(pattern=f"^{_CDI_NAME}/{_CDI_NAME}$")]
+# setting -> dotted field of the node config
+FIELDS: dict[str, str] = {
+    "driver_name": "dra.driver_name",
+    "node_name": "device_plugin.node_name",
+    "kubelet_dir": "device_plugin.kubelet_dir",
+    "state_dir": "common.state_dir",
+    "run_dir": "common.run_dir",
+    "library_path": "hook.library_path",
+    "cdi_dir": "dra.cdi_dir",
+    "nvidia_cdi_kind": "device_plugin.cdi_kind",
+    "nvidia_cdi_device": "dra.nvidia_cdi_device",
+    "split_count": "device_plugin.device_split_count",
+    "memory_scaling": "device_plugin.device_memory_scaling",
+    "cores_scaling": "device_plugin.device_cores_scaling",
+    "memory_step": "dra.memory_step",
+    "memory_min": "dra.memory_min",
+    "cores_step": "dra.cores_step",
+    "cores_min": "dra.cores_min",
+    "publish": "dra.publish",
+    "resync_s": "dra.resync_s",
+    "health_recovery_s": "device_plugin.health_recovery_s",
+}
 
 
-class DRAConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    driver_name: DriverName = DRIVER_NAME
-    node_name: str = ""
-    kubelet_dir: str = "/var/lib/kubelet"
-    state_dir: str = "/var/lib/vgpu"
-    library_path: str = "/usr/lib/vgpu/libvgpu.so"
-    # Where our per-claim CDI specs go: /var/run/cdi is for specs with a lifetime (CDI's
-    # dynamic dir, read after /etc/cdi by every runtime's default spec-dirs).
-    cdi_dir: str = "/var/run/cdi"
-    # How the node's NVIDIA CDI spec names a GPU: `<kind>=<uuid>` or `<kind>=<index>` (nvidia-ctk
-    # cdi generate writes both, and `all`).
-    nvidia_cdi_kind: CdiKind = "nvidia.com/gpu"
-    nvidia_cdi_device: Literal["uuid", "index"] = "uuid"
-    # The default share of a GPU (a request without capacity) is 1/K.
-    split_count: PositiveInt = 2
-    memory_scaling: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    cores_scaling: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    # requestPolicy.validRange of the capacities (bytes and percent): min, step; max = the
-    # capacity rounded down to a step.
-    memory_step: PositiveInt = 256 * MIB
-    memory_min: PositiveInt = 256 * MIB
-    cores_step: PositiveInt = 1
-    cores_min: NonNegInt = 1
-    publish: bool = True
-    # Seconds between re-checks of the published ResourceSlice (and of NVML health).
-    resync_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+@dataclass(frozen=True)
+class Settings:
+    driver_name: str
+    node_name: str
+    kubelet_dir: str
+    state_dir: str
+    run_dir: str
+    library_path: str
+    cdi_dir: str
+    nvidia_cdi_kind: str
+    nvidia_cdi_device: str
+    slicing: Slicing
+    memory_step: int
+    memory_min: int
+    cores_step: int
+    cores_min: int
+    publish: bool
+    resync_s: float
+    health_recovery_s: float
+
+    @classmethod
+    def from_node_config(cls, cfg: NodeConfig) -> Settings:
+        dp, dra = cfg.device_plugin, cfg.dra
+        return cls(
+            driver_name=dra.driver_name,
+            node_name=dp.node_name,
+            kubelet_dir=dp.kubelet_dir,
+            state_dir=cfg.common.state_dir,
+            run_dir=cfg.common.run_dir,
+            library_path=cfg.hook.library_path,
+            cdi_dir=dra.cdi_dir,
+            nvidia_cdi_kind=dp.cdi_kind,
+            nvidia_cdi_device=dra.nvidia_cdi_device,
+            slicing=Slicing(dp.device_split_count, dp.device_memory_scaling, dp.device_cores_scaling),
+            memory_step=dra.memory_step,
+            memory_min=dra.memory_min,
+            cores_step=dra.cores_step,
+            cores_min=dra.cores_min,
+            publish=dra.publish,
+            resync_s=dra.resync_s,
+            health_recovery_s=dp.health_recovery_s,
+        )
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(self.state_dir, self.run_dir)
 
     @property
     def registry_dir(self) -> str:
@@ -77,48 +111,22 @@ class DRAConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return os.path.join(self.plugin_dir, "dra.sock")
 
     @property
-    def dra_state_dir(self) -> str:
-        return os.path.join(self.state_dir, "dra")
-
-    @property
     def checkpoint_path(self) -> str:
-        return os.path.join(self.dra_state_dir, "checkpoint.json")
+        return self.paths.dra_checkpoint
 
     @property
     def claims_dir(self) -> str:
-        return os.path.join(self.state_dir, "claims")
+        return self.paths.claims_dir
 
     def node(self) -> str:
         return self.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-class DRAConfigError(ValueError):
-    pass
-
-
-def from_node_config(cfg: NodeConfig, **overrides: object) -> DRAConfig:
-    """The DRA settings the node config implies, with `overrides` (flags; None = not given)."""
-    dp = cfg.device_plugin
-    tree: dict[str, object] = {
-        "node_name": dp.node_name,
-        "kubelet_dir": dp.kubelet_dir,
-        "state_dir": cfg.common.state_dir,
-        "library_path": cfg.hook.library_path,
-        "nvidia_cdi_kind": dp.cdi_kind,
-        "split_count": dp.device_split_count,
-        "memory_scaling": dp.device_memory_scaling,
-        "cores_scaling": dp.device_cores_scaling,
-    }
-    tree.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return msgspec.convert(tree, DRAConfig)
-    except msgspec.ValidationError as e:
-        raise DRAConfigError(f"invalid DRA plugin setting: {_explain(str(e))}") from None
-
-
-_AT = re.compile(r" - at `\$\.([^`]*)`")
-
-
-def _explain(text: str) -> str:
-    m = _AT.search(text)
-    return f"`{m.group(1)}`: {_AT.sub('', text)}" if m else text
+def settings(config_path: str | None = None, **values: Any) -> Settings:
+    """The settings of the node config at `config_path` (None: defaults) with `values` (by
+    setting name; None = not given) in their places. ConfigError names the field."""
+    unknown = set(values) - set(FIELDS)
+    if unknown:
+        raise TypeError(f"unknown DRA settings: {', '.join(sorted(unknown))}")
+    overrides = {FIELDS[k]: v for k, v in values.items() if v is not None}
+    return Settings.from_node_config(load_config(config_path, overrides))

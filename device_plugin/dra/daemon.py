@@ -1,9 +1,9 @@
 """The DRA plugin's life cycle: recover, serve, publish, follow health, stop cleanly.
 
 Threads: the main thread runs `DRADaemon.run()` (serving and its liveness: a socket deleted or
-replaced under us is served afresh); the health monitor (device_plugin.health, over a
-DeviceTable of the same GPUs) waits on XID events; a publisher thread keeps the ResourceSlices
-current (at start, on a health change, every `resync_s`); gRPC has its own workers.
+replaced under us is served afresh); the node core's health monitor (device_plugin.health)
+waits on XID events; a publisher thread keeps the ResourceSlices current (at start, on a health
+change, every `resync_s`); gRPC has its own workers.
 """
 
 from __future__ import annotations
@@ -14,68 +14,55 @@ import threading
 import time
 from collections.abc import Sequence
 
-from device_plugin.devices import DeviceTable, Slicing
-from device_plugin.dra import apiclient, core, inventory
-from device_plugin.dra.config import DRAConfig
+from device_plugin.dra import apiclient
+from device_plugin.dra.config import Settings
 from device_plugin.dra.driver import Driver
 from device_plugin.dra.publisher import Publisher
 from device_plugin.dra.server import PluginServer
-from device_plugin.health import HealthMonitor
-from vgpu import nvml
+from device_plugin.nodecore import NodeCore
 from vgpu.log import kv
-from vgpu.paths import Paths
+from vgpu.nvml import GPUInfo
 
 log = logging.getLogger(__name__)
 
 _TICK_S = 1.0
 _LIVENESS_S = 5.0
-HEALTH_RECOVERY_S = 300.0
 
 
 class DRADaemon:
     def __init__(
         self,
-        cfg: DRAConfig,
-        gpus: Sequence[inventory.GPU],
+        cfg: Settings,
+        gpus: Sequence[GPUInfo],
         api: apiclient.ResourceAPI | None,
         *,
-        node_core: core.NodeCore | None = None,
         nvml_health: bool = True,
     ) -> None:
         self.cfg = cfg
         self.node = cfg.node()
-        self.gpus = list(gpus)
         self.api = api
-        record_core = core.RecordCore(Paths(cfg.state_dir), cfg.driver_name)
-        record_core.ensure_dir()
-        self.driver = Driver(cfg, self.node, self.gpus, node_core or record_core, api)
         self.stop_event = threading.Event()
         self._health_changed = threading.Event()
-        self.table = DeviceTable(
-            [
-                nvml.GPUInfo(g.index, g.uuid, g.product_name, g.memory_total, g.pci_bus_id, g.numa_node)
-                for g in self.gpus
-            ],
-            Slicing(cfg.split_count, cfg.memory_scaling, cfg.cores_scaling),
+        # Prepare refuses an unhealthy GPU at once (it asks the core); the publisher withdraws it.
+        self.core = NodeCore(
+            gpus,
+            cfg.slicing,
+            cfg.paths,
+            health_recovery_s=cfg.health_recovery_s,
+            nvml_health=nvml_health,
+            on_health_change=self._on_health_change,
         )
-        self.health = (
-            HealthMonitor(self.table, HEALTH_RECOVERY_S, on_change=self._on_health_change) if nvml_health else None
-        )
+        self.driver = Driver(cfg, self.node, self.core, api)
         self.publisher = (
-            Publisher(api, cfg, self.node, self.current_gpus) if (api is not None and cfg.publish) else None
+            Publisher(api, cfg, self.node, self.core.healthy_gpus) if (api is not None and cfg.publish) else None
         )
         self.server: PluginServer | None = None
 
     def _on_health_change(self) -> None:
-        # Prepare refuses an unhealthy GPU at once; the publisher withdraws it from the slices.
-        self.driver.set_unhealthy(self.unhealthy())
-        self._health_changed.set()
-
-    def current_gpus(self) -> list[inventory.GPU]:
-        return inventory.with_health(self.gpus, self.unhealthy())
-
-    def unhealthy(self) -> set[str]:
-        return {u for u in self.table.gpus if not self.table.is_healthy(u)}
+        self._health_changed.set()  # the publisher withdraws or restores the GPU
+        server = getattr(self, "server", None)  # None until the first serve
+        if server is not None:
+            server.health.changed()  # the kubelet's health stream
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -99,7 +86,7 @@ class DRADaemon:
                 driver=self.cfg.driver_name,
                 registration=self.cfg.registration_socket,
                 endpoint=self.cfg.endpoint,
-                gpus=len(self.gpus),
+                gpus=len(self.core.gpus),
             )
         )
         return True
@@ -117,13 +104,12 @@ class DRADaemon:
 
     def run(self) -> int:
         self.driver.recover()
-        os.makedirs(self.cfg.dra_state_dir, mode=0o700, exist_ok=True)
+        os.makedirs(self.cfg.paths.dra_dir, mode=0o700, exist_ok=True)
         if self.api is None:
             log.warning("no Kubernetes API server configured: no ResourceSlices, and claims cannot be prepared")
         threads: list[threading.Thread] = []
         try:
-            if self.health is not None:
-                self.health.start()
+            self.core.start()
             if self.publisher is not None:
                 t = threading.Thread(target=self._publish_loop, name="publisher", daemon=True)
                 t.start()
@@ -141,8 +127,7 @@ class DRADaemon:
             if self.server is not None:
                 self.server.stop()
                 self.server = None
-            if self.health is not None:
-                self.health.stop()
+            self.core.stop()
             self.driver.close()
             for t in threads:
                 t.join(timeout=3)

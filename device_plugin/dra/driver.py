@@ -28,17 +28,19 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
 
-from device_plugin.dra import apiclient, cdi, claims, core, slices
+from device_plugin.dra import apiclient, cdi, claims, slices
 from device_plugin.dra import checkpoint as ckpt
-from device_plugin.dra.claimstate import ClaimDevice, ClaimState, PodRef, new_metadata
-from device_plugin.dra.config import DRAConfig
-from device_plugin.dra.inventory import GPU
+from device_plugin.dra.claimstate import ClaimState, new_metadata
+from device_plugin.dra.config import Settings
+from device_plugin.nodecore import NodeCore
+from device_plugin.records import RecordStore
 from vgpu.log import kv
-from vgpu.schemas import AllocationRecord
+from vgpu.schemas import AllocatedGPU, AllocationRecord, ClaimDevice, PodRef
 
 log = logging.getLogger(__name__)
 
@@ -56,35 +58,65 @@ class PrepareResult:
     error: str = ""
 
 
+def share_vgpu_id(claim_uid: str, s: claims.Share) -> str:
+    """The ID a share has in the record's `vgpu_ids` (`<GPU-UUID>::<rest>`, as device plugin IDs:
+    the physical UUID is everything before the last `::`)."""
+    return f"{s.uuid}::dra:{claim_uid}:{s.share_id or s.request}"
+
+
+def merge(claim_uid: str, shares: Sequence[claims.Share], cores_cap: int) -> list[AllocatedGPU]:
+    """A claim's entries of its allocation record: per GPU, in order of first appearance, the
+    memory and cores of its shares added up (cores at most the GPU's whole compute; as several
+    vGPUs of one GPU in one container on the device-plugin path), one vGPU ID per share."""
+    gpus: dict[str, AllocatedGPU] = {}
+    for s in shares:
+        g = gpus.get(s.uuid)
+        vid = share_vgpu_id(claim_uid, s)
+        if g is None:
+            gpus[s.uuid] = AllocatedGPU(
+                uuid=s.uuid, memory_limit=s.memory, core_percent=min(s.cores, cores_cap), vgpu_ids=[vid]
+            )
+        else:
+            g.memory_limit += s.memory
+            g.core_percent = min(g.core_percent + s.cores, cores_cap)
+            g.vgpu_ids.append(vid)
+    return list(gpus.values())
+
+
 class Driver:
+    """The DRA front end's claim handling over the node core: its GPUs and health, and its
+    allocation records (resource name = the driver name, written without fsync: the checkpoint
+    is the durable piece)."""
+
     def __init__(
         self,
-        cfg: DRAConfig,
+        cfg: Settings,
         node: str,
-        gpus: Sequence[GPU],
-        node_core: core.NodeCore,
+        node_core: NodeCore,
         api: apiclient.ResourceAPI | None,
         *,
+        records: RecordStore | None = None,
         state: ClaimState | None = None,
         specs: cdi.SpecDir | None = None,
     ) -> None:
         self.cfg = cfg
         self.node = node
-        self.gpus = {g.uuid: g for g in gpus}
-        self.capacities = slices.capacities(gpus, cfg)
+        self.node_core = node_core
+        self.gpus = {g.uuid: g for g in node_core.gpus}
+        self.capacities = slices.capacities(node_core.gpus, cfg)
         self.cores_cap = slices.cores_policy(cfg).capacity
-        self.core = node_core
+        self.records = records or node_core.records(cfg.driver_name, durable=False)
         self.api = api
-        self.state = state or ClaimState(cfg.claims_dir)
+        self.state = state or ClaimState(cfg.paths)
         self.specs = specs or cdi.SpecDir(cfg.cdi_dir)
-        self.unhealthy: set[str] = set()
         self._lock = threading.Lock()
-        self._readers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-read")
-        self._workers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-make")
+        # New claims of one call are read and made in parallel (the API server's latency overlaps
+        # the file work); calls preparing the same claim at once share one preparation.
+        self._workers = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim")
+        self._inflight: dict[str, futures.Future[PrepareResult]] = {}
         self.cp = ckpt.Checkpoint(driver=cfg.driver_name, node=node)
 
     def close(self) -> None:
-        self._readers.shutdown(wait=False)
         self._workers.shutdown(wait=False)
 
     # --- start-up ------------------------------------------------------------------------------
@@ -92,6 +124,7 @@ class Driver:
         """Load the checkpoint, rebuild what it lists, remove what it does not."""
         with self._lock:
             self.cp = ckpt.load(self.cfg.checkpoint_path, self.cfg.driver_name, self.node)
+            self.records.ensure_dir()
             self.state.ensure_dir()
             for pc in self.cp.claims.values():
                 self._ensure(pc)
@@ -117,8 +150,8 @@ class Driver:
     def _ensure(self, pc: ckpt.PreparedClaim) -> None:
         """Rebuild the record, directory and spec of a checkpointed claim where missing."""
         rec = self._record_of(pc)
-        if not self.core.has_record(pc.token):
-            self.core.restore_record(rec)
+        if not self.records.has(pc.token):
+            self.records.restore(rec)
             log.warning(kv("allocation record rebuilt", claim=f"{pc.namespace}/{pc.name}", uid=pc.uid))
         if not self.state.complete(pc.uid):
             meta = new_metadata(
@@ -138,9 +171,9 @@ class Driver:
     def _sweep_orphans(self) -> None:
         known = set(self.cp.claims)
         tokens = {c.token for c in self.cp.claims.values()}
-        for rec in self.core.list_records():
+        for rec in self.records.list():
             if rec.token not in tokens:
-                self.core.remove_record(rec.token)
+                self.records.remove(rec.token)
                 log.warning(kv("orphan allocation record removed", token=rec.token[:8] + "…"))
         for uid in self.state.list():
             if uid not in known and claims.valid_uid(uid):
@@ -164,70 +197,117 @@ class Driver:
 
     # --- prepare ---------------------------------------------------------------------------------
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        """Every claim named gets an entry; new claims are read and made in parallel, each as soon
+        as its own read is back (API latency overlaps file work), then checkpointed together."""
+        t0 = time.perf_counter()
         out: dict[str, PrepareResult] = {}
-        to_read: dict[str, ClaimRef] = {}
-        for ref in refs:
-            if not claims.valid_uid(ref.uid):
-                out[ref.uid] = PrepareResult([], f"invalid ResourceClaim UID {ref.uid[:64]!r}")
-                continue
-            if not ref.namespace or not ref.name:
-                out[ref.uid] = PrepareResult([], f"claim {ref.uid} without namespace or name")
-                continue
-            with self._lock:
-                done = self.cp.claims.get(ref.uid)
-            if done is None:
-                to_read[ref.uid] = ref
-        # The API reads of one call overlap (the kubelet sends all claims of a pod at once).
-        refs_to_read = list(to_read.values())
-        if len(refs_to_read) > 1:
-            got_all = list(self._readers.map(self._read, refs_to_read))
-        else:
-            got_all = [self._read(r) for r in refs_to_read]
-        wanted = {r.uid: (r, *got) for r, got in zip(refs_to_read, got_all, strict=True)}
-        new: list[str] = []
-        to_make: list[tuple[ClaimRef, list[claims.Share], claims.ResourceClaim | None]] = []
+        mine: list[ClaimRef] = []
+        waits: dict[str, futures.Future[PrepareResult]] = {}
+        prepared: list[ckpt.PreparedClaim] = []
         with self._lock:
             for ref in refs:
-                if ref.uid in out:
+                if ref.uid in out or ref.uid in waits or any(m.uid == ref.uid for m in mine):
                     continue
-                pc = self.cp.claims.get(ref.uid)
-                if pc is not None:  # prepared earlier, or by a concurrent call meanwhile
-                    out[ref.uid] = self._answer(pc)
-                    continue
-                entry = wanted.get(ref.uid)
-                if entry is None:  # was prepared when we looked, unprepared since
-                    msg = f"ResourceClaim {ref.namespace}/{ref.name} changed meanwhile; retry"
-                    out[ref.uid] = PrepareResult([], msg)
-                    continue
-                _, got, claim = entry
-                if isinstance(got, str):
-                    out[ref.uid] = PrepareResult([], got)
-                    continue
-                if all(m[0].uid != ref.uid for m in to_make):
-                    to_make.append((ref, got, claim))
-            # The files of different claims are independent: made in parallel, the file
-            # system's latencies overlap (the driver lock keeps other calls out meanwhile).
-            if len(to_make) > 1:
-                made = list(self._workers.map(lambda m: self._try_make(*m), to_make))
-            else:
-                made = [self._try_make(*m) for m in to_make]
-            for (ref, _, _), result in zip(to_make, made, strict=True):
-                if isinstance(result, str):
-                    out[ref.uid] = PrepareResult([], result)
-                    continue
-                self.cp.claims[ref.uid] = result
-                new.append(ref.uid)
-                out[ref.uid] = PrepareResult(list(result.devices))
-            if new:
-                try:
-                    ckpt.save(self.cfg.checkpoint_path, self.cp)
-                except OSError as e:
-                    log.error(kv("cannot write the DRA checkpoint", error=e.strerror or e))
-                    for uid in new:
-                        pc = self.cp.claims.pop(uid)
-                        self._undo(uid, pc.token)
-                        out[uid] = PrepareResult([], f"cannot write the DRA checkpoint: {e.strerror or e}")
+                if not claims.valid_uid(ref.uid):
+                    out[ref.uid] = PrepareResult([], f"invalid ResourceClaim UID {ref.uid[:64]!r}")
+                elif not ref.namespace or not ref.name:
+                    out[ref.uid] = PrepareResult([], f"claim {ref.uid} without namespace or name")
+                elif (pc := self.cp.claims.get(ref.uid)) is not None:
+                    prepared.append(pc)
+                elif (f := self._inflight.get(ref.uid)) is not None:
+                    waits[ref.uid] = f  # a concurrent call is preparing it: its answer is ours
+                else:
+                    self._inflight[ref.uid] = futures.Future()
+                    mine.append(ref)
+        for pc in prepared:  # prepared earlier: the same answer (files restored where missing)
+            out[pc.uid] = self._answer(pc)
+        made: list[ckpt.PreparedClaim | str] = []
+        try:
+            made = self._read_and_make(mine)
+            t1 = time.perf_counter()
+            new = [m for m in made if not isinstance(m, str)]
+            saved = ""
+            with self._lock:
+                for pc in new:
+                    self.cp.claims[pc.uid] = pc
+                if new:
+                    try:
+                        ckpt.save(self.cfg.checkpoint_path, self.cp)
+                    except OSError as e:
+                        log.error(kv("cannot write the DRA checkpoint", error=e.strerror or e))
+                        saved = f"cannot write the DRA checkpoint: {e.strerror or e}"
+                        for pc in new:
+                            self.cp.claims.pop(pc.uid, None)
+                            self._undo(pc.uid, pc.token)
+                for ref, m in zip(mine, made, strict=True):
+                    if isinstance(m, str):
+                        out[ref.uid] = PrepareResult([], m)
+                    else:
+                        out[ref.uid] = PrepareResult([], saved) if saved else PrepareResult(list(m.devices))
+            if mine and log.isEnabledFor(logging.DEBUG):
+                t2 = time.perf_counter()
+                log.debug(
+                    kv(
+                        "prepare",
+                        claims=len(mine),
+                        make_ms=round((t1 - t0) * 1000, 2),
+                        checkpoint_ms=round((t2 - t1) * 1000, 2),
+                    )
+                )
+        finally:
+            with self._lock:
+                for ref in mine:
+                    f = self._inflight.pop(ref.uid)
+                    f.set_result(out.get(ref.uid) or PrepareResult([], "prepare interrupted; retry"))
+        for uid, f in waits.items():
+            out[uid] = f.result()
         return out
+
+    def _read_and_make(self, refs: list[ClaimRef]) -> list[ckpt.PreparedClaim | str]:
+        """Per claim its preparation or the error text. The claims are read in parallel (the API
+        server's latency overlaps); each is made in this thread as soon as its read is back (one
+        thread doing the file work: the other threads only wait on sockets, so the interpreter's
+        lock is not passed around at every system call)."""
+        if not refs:
+            return []
+        problem = self._library_problem()
+        if problem:
+            return [f"cannot prepare ResourceClaim {r.namespace}/{r.name}: {problem}" for r in refs]
+        if not self.state.preload_ok():
+            self.state.ensure_dir()
+        if len(refs) == 1:
+            return [self._make_read(refs[0], self._safe_read(refs[0]))]
+        pending = {self._workers.submit(self._safe_read, r): r for r in refs}
+        done: dict[str, ckpt.PreparedClaim | str] = {}
+        for f in futures.as_completed(pending):
+            ref = pending[f]
+            done[ref.uid] = self._make_read(ref, f.result())
+        return [done[r.uid] for r in refs]
+
+    def _library_problem(self) -> str:
+        # Fail closed with a clear message rather than a runc mount error at container start.
+        try:
+            lib = os.stat(self.cfg.library_path)
+        except OSError as e:
+            return f"vGPU library {self.cfg.library_path}: {e.strerror}"
+        if not stat.S_ISREG(lib.st_mode):
+            return f"vGPU library {self.cfg.library_path} is not a regular file"
+        return ""
+
+    def _safe_read(self, ref: ClaimRef) -> tuple[list[claims.Share] | str, claims.ResourceClaim | None]:
+        try:
+            return self._read(ref)
+        except Exception as e:  # a bug must fail this claim, not the call
+            log.exception(kv("reading a claim failed", claim=f"{ref.namespace}/{ref.name}"))
+            return f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {e}", None
+
+    def _make_read(
+        self, ref: ClaimRef, read: tuple[list[claims.Share] | str, claims.ResourceClaim | None]
+    ) -> ckpt.PreparedClaim | str:
+        got, claim = read
+        if isinstance(got, str):
+            return got
+        return self._try_make(ref, got, claim)
 
     def _read(self, ref: ClaimRef) -> tuple[list[claims.Share] | str, claims.ResourceClaim | None]:
         """Our shares of the claim, or the error text for the kubelet."""
@@ -251,7 +331,7 @@ class Driver:
             )
         except claims.ClaimError as e:
             return str(e), None
-        bad = [s.device for s in got if s.uuid in self.unhealthy]
+        bad = [s.device for s in got if not self.node_core.is_healthy(s.uuid)]
         if bad:
             return f"ResourceClaim {ref.namespace}/{ref.name}: unhealthy device {', '.join(bad)}", None
         return got, claim
@@ -270,18 +350,7 @@ class Driver:
     def _make(
         self, ref: ClaimRef, shares: list[claims.Share], claim: claims.ResourceClaim | None
     ) -> ckpt.PreparedClaim:
-        gpus = core.merge(
-            ref.uid,
-            [core.ShareSlice(s.uuid, s.memory, s.cores, s.share_id or "", s.request) for s in shares],
-            self.cores_cap,
-        )
-        # Fail closed with a clear message rather than a runc mount error at container start.
-        try:
-            lib = os.stat(self.cfg.library_path)
-        except OSError as e:
-            raise OSError(f"vGPU library {self.cfg.library_path}: {e.strerror}") from None
-        if not stat.S_ISREG(lib.st_mode):
-            raise OSError(f"vGPU library {self.cfg.library_path} is not a regular file")
+        gpus = merge(ref.uid, shares, self.cores_cap)
         share_list = [
             ClaimDevice(
                 request=s.request,
@@ -294,7 +363,7 @@ class Driver:
             )
             for s in shares
         ]
-        rec = self.core.write_record(gpus, self.cfg.memory_scaling > 1.0)
+        rec = self.records.write(gpus, self.cfg.slicing.oversubscribe)
         try:
             pods = [PodRef(name=p.name, uid=p.uid) for p in claims.reserved_pods(claim)] if claim else []
             meta = new_metadata(
@@ -306,10 +375,10 @@ class Driver:
                 devices=share_list,
                 reserved_for=pods,
             )
-            self.state.create(rec, meta)
+            self.state.create_new(rec, meta)
             self.specs.write(ref.uid, self._files(ref.uid))
         except BaseException:
-            self.core.remove_record(rec.token)
+            self.records.remove(rec.token)
             raise
         ours = cdi.device_id(ref.uid)
         devices = []
@@ -325,15 +394,16 @@ class Driver:
                     cdi_device_ids=[gpu_id, ours],
                 )
             )
-        log.info(
-            kv(
-                "claim prepared",
-                claim=f"{ref.namespace}/{ref.name}",
-                uid=ref.uid,
-                gpus=";".join(f"{g.uuid}:{g.memory_limit}B:{g.core_percent}%" for g in gpus),
-                token=rec.token[:8] + "…",
+        if log.isEnabledFor(logging.INFO):  # the line is built only when it is wanted
+            log.info(
+                kv(
+                    "claim prepared",
+                    claim=f"{ref.namespace}/{ref.name}",
+                    uid=ref.uid,
+                    gpus=";".join(f"{g.uuid}:{g.memory_limit}B:{g.core_percent}%" for g in gpus),
+                    token=rec.token[:8] + "…",
+                )
             )
-        )
         return ckpt.PreparedClaim(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -369,20 +439,24 @@ class Driver:
         tokens = {token} if token else set()
         marker = f"::dra:{uid}:"
         try:
-            for r in self.core.list_records() if not token else []:
+            for r in self.records.list() if not token else []:
                 if any(marker in v for g in r.gpus for v in g.vgpu_ids):
                     tokens.add(r.token)
         except OSError as e:
             log.error(kv("cannot list allocation records", error=e.strerror or e))
         for t in tokens:
             try:
-                self.core.remove_record(t)
+                self.records.remove(t)
             except OSError as e:
                 log.error(kv("cannot remove allocation record", uid=uid, error=e.strerror or e))
 
     # --- unprepare -------------------------------------------------------------------------------
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         out: dict[str, str] = {}
+        with self._lock:
+            busy = [f for r in refs if (f := self._inflight.get(r.uid)) is not None]
+        for f in busy:  # a preparation of it in flight ends (checkpointed) before it is undone
+            f.result()
         with self._lock:
             gone: list[ckpt.PreparedClaim] = []
             for ref in refs:
@@ -411,7 +485,3 @@ class Driver:
     def prepared(self) -> dict[str, ckpt.PreparedClaim]:
         with self._lock:
             return dict(self.cp.claims)
-
-    def set_unhealthy(self, uuids: set[str]) -> None:
-        with self._lock:
-            self.unhealthy = set(uuids)

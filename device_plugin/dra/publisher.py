@@ -22,10 +22,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from device_plugin.dra import apiclient, quantity, slices
-from device_plugin.dra.config import DRAConfig
-from device_plugin.dra.inventory import GPU
+from device_plugin.dra import apiclient, slices
+from device_plugin.dra.config import Settings
+from vgpu import quantity
 from vgpu.log import kv
+from vgpu.nvml import GPUInfo
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,9 @@ class Publisher:
     def __init__(
         self,
         api: apiclient.ResourceAPI,
-        cfg: DRAConfig,
+        cfg: Settings,
         node: str,
-        gpus: Callable[[], Sequence[GPU]],
+        gpus: Callable[[], Sequence[GPUInfo]],
     ) -> None:
         self.api = api
         self.cfg = cfg

@@ -5,7 +5,8 @@
   the services, registers the endpoint and calls NotifyRegistrationStatus
   (pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go GenerateRegisterPluginFunc).
 - `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` on `<kubelet-dir>/plugins/<driver>/dra.sock`, the
-  endpoint GetInfo names.
+  endpoint GetInfo names, with `v1alpha1.DRAResourceHealth` on the same socket (the kubelet
+  calls it on the endpoint: dra_plugin_manager.go; device_plugin/dra/health.py).
 
 GetInfo advertises "v1.DRAPlugin": the service names the kubelet accepts are
 `servicesSupportedByKubelet` = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
@@ -25,11 +26,14 @@ from concurrent import futures
 
 import grpc
 
+from device_plugin.cli import socket_identity
 from device_plugin.dra.api import dra_pb2 as dra
 from device_plugin.dra.api import dra_pb2_grpc as dra_grpc
+from device_plugin.dra.api import health_pb2_grpc as health_grpc
 from device_plugin.dra.api import pluginregistration_pb2 as reg
 from device_plugin.dra.api import pluginregistration_pb2_grpc as reg_grpc
 from device_plugin.dra.driver import ClaimRef, Driver
+from device_plugin.dra.health import HealthService
 from vgpu.log import kv
 
 log = logging.getLogger(__name__)
@@ -103,14 +107,6 @@ class DRAService(dra_grpc.DRAPluginServicer):
         return out
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_ctime_ns
-
-
 def _unlink(path: str) -> None:
     try:
         os.unlink(path)
@@ -138,10 +134,10 @@ class _Socket:
             raise OSError(f"cannot bind {self.path}")
         server.start()
         self.server = server
-        self.identity = _identity(self.path)
+        self.identity = socket_identity(self.path)
 
     def ours(self) -> bool:
-        return self.identity is not None and _identity(self.path) == self.identity
+        return self.identity is not None and socket_identity(self.path) == self.identity
 
     def stop(self) -> None:
         if self.server is not None:
@@ -156,19 +152,29 @@ class _Socket:
 class PluginServer:
     """Both sockets of one serving instance; started and stopped as a whole."""
 
+    # The kubelet keeps one health stream open (and may open another while the old one ends):
+    # threads of their own beside the workers for prepare and unprepare.
+    HEALTH_STREAMS = 2
+
     def __init__(self, driver: Driver, registration_socket: str, endpoint: str, workers: int = 8) -> None:
         self.driver = driver
         self.registration = RegistrationService(driver.cfg.driver_name, endpoint)
         self.service = DRAService(driver)
-        self.dra_socket = _Socket(endpoint, workers)
+        core = driver.node_core
+        self.health = HealthService(driver.node, core.gpus, core.health_of)
+        self.dra_socket = _Socket(endpoint, workers + self.HEALTH_STREAMS)
         self.reg_socket = _Socket(registration_socket, 2)
 
     def start(self) -> None:
         os.makedirs(os.path.dirname(self.dra_socket.path), mode=0o750, exist_ok=True)
         os.makedirs(os.path.dirname(self.reg_socket.path), mode=0o750, exist_ok=True)
-        self.dra_socket.start(lambda s: dra_grpc.add_DRAPluginServicer_to_server(self.service, s))
+        self.dra_socket.start(self._add_services)
         self.wait_ready()
         self.reg_socket.start(lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
+
+    def _add_services(self, server: grpc.Server) -> None:
+        dra_grpc.add_DRAPluginServicer_to_server(self.service, server)
+        health_grpc.add_DRAResourceHealthServicer_to_server(self.health, server)
 
     def wait_ready(self, timeout: float = 5.0) -> None:
         """One real RPC on our own service socket (an empty prepare) before registering."""
@@ -183,4 +189,5 @@ class PluginServer:
 
     def stop(self) -> None:
         self.reg_socket.stop()
+        self.health.close()  # ends the streams, or stop() would wait on their threads
         self.dra_socket.stop()

@@ -13,6 +13,9 @@ and two capacities, each with a requestPolicy (types.go CapacityRequestPolicy):
   validRange{min, step, max = the capacity rounded down to the grid}.
 - `cores`: floor(100 x C) percent; the same with its own min and step.
 
+Capacities and the 1/K share are the node core's `Slicing` (device_plugin/devices.py), the same
+numbers the device plugin's vGPUs and node annotation carry.
+
 Every value satisfies pkg/apis/resource/validation/validation.go validateRequestPolicyRange:
 min <= default <= max <= capacity, min + step <= capacity, (default - min) and (max - min)
 multiples of step.
@@ -21,15 +24,15 @@ multiples of step.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from device_plugin.dra import claims, quantity
-from device_plugin.dra.config import DRAConfig
-from device_plugin.dra.inventory import GPU
+from device_plugin.dra import claims
+from device_plugin.dra.config import Settings
+from vgpu import quantity
+from vgpu.nvml import GPUInfo
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128  # types.go ResourceSliceMaxDevices
@@ -70,19 +73,19 @@ def policy(capacity: int, share: int, minimum: int, step: int, what: str) -> Pol
     return Policy(capacity=capacity, default=min(default, top), min=minimum, step=step, max=top)
 
 
-def memory_policy(gpu: GPU, cfg: DRAConfig) -> Policy:
-    cap = math.floor(gpu.memory_total * cfg.memory_scaling)
-    return policy(cap, cap // cfg.split_count, cfg.memory_min, cfg.memory_step, f"{gpu.uuid} memory")
+def memory_policy(gpu: GPUInfo, cfg: Settings) -> Policy:
+    s = cfg.slicing
+    share = s.memory_per_vgpu(gpu.memory_total)
+    return policy(s.memory_capacity(gpu.memory_total), share, cfg.memory_min, cfg.memory_step, f"{gpu.uuid} memory")
 
 
-def cores_policy(cfg: DRAConfig) -> Policy:
-    # As the device plugin's Slicing: floor(100 x C) in all, floor(100 x C / K) per share.
-    cap = math.floor(100 * cfg.cores_scaling + 1e-9)
-    share = math.floor(100 * cfg.cores_scaling / cfg.split_count + 1e-9)
-    return policy(cap, share, cfg.cores_min, cfg.cores_step, "cores")
+def cores_policy(cfg: Settings) -> Policy:
+    # floor(100 x C) in all, floor(100 x C / K) per share: a vGPU's share on the device-plugin path.
+    s = cfg.slicing
+    return policy(s.cores_capacity, s.cores_for(1), cfg.cores_min, cfg.cores_step, "cores")
 
 
-def device_name(gpu: GPU) -> str:
+def device_name(gpu: GPUInfo) -> str:
     return f"gpu-{gpu.index}"
 
 
@@ -102,11 +105,11 @@ def _string(value: str) -> dict[str, str]:
     return {"string": value[:MAX_ATTRIBUTE_STRING]}
 
 
-def attributes(gpu: GPU) -> dict[str, Any]:
+def attributes(gpu: GPUInfo) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "type": _string("gpu"),
         "uuid": _string(gpu.uuid),
-        "productName": _string(gpu.product_name),
+        "productName": _string(gpu.name),
         "index": {"int": gpu.index},
     }
     if gpu.numa_node is not None:
@@ -125,7 +128,7 @@ def attributes(gpu: GPU) -> dict[str, Any]:
     return attrs
 
 
-def device(gpu: GPU, cfg: DRAConfig) -> dict[str, Any]:
+def device(gpu: GPUInfo, cfg: Settings) -> dict[str, Any]:
     return {
         "name": device_name(gpu),
         "attributes": attributes(gpu),
@@ -137,7 +140,7 @@ def device(gpu: GPU, cfg: DRAConfig) -> dict[str, Any]:
     }
 
 
-def capacities(gpus: Sequence[GPU], cfg: DRAConfig) -> dict[str, claims.DeviceCapacity]:
+def capacities(gpus: Sequence[GPUInfo], cfg: Settings) -> dict[str, claims.DeviceCapacity]:
     """What Prepare checks a claim's consumedCapacity against: device name -> capacity."""
     cores = cores_policy(cfg).capacity
     return {
@@ -160,16 +163,16 @@ def slice_name(node: str, driver: str, index: int) -> str:
 
 def build(
     node: str,
-    gpus: Sequence[GPU],
-    cfg: DRAConfig,
+    gpus: Sequence[GPUInfo],
+    cfg: Settings,
     *,
     generation: int,
     node_uid: str = "",
 ) -> list[dict[str, Any]]:
-    """The node's ResourceSlices: healthy GPUs only (an unhealthy one is withdrawn until it
-    recovers), in index order, at most 128 per slice; every slice of the pool carries the same
-    generation and the slice count."""
-    devs = [device(g, cfg) for g in sorted(gpus, key=lambda g: g.index) if g.healthy]
+    """The node's ResourceSlices with the devices of `gpus` (the caller passes the healthy ones:
+    an unhealthy GPU is withdrawn until it recovers), in index order, at most 128 per slice; every
+    slice of the pool carries the same generation and the slice count."""
+    devs = [device(g, cfg) for g in sorted(gpus, key=lambda g: g.index)]
     chunks = [devs[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devs), MAX_DEVICES_PER_SLICE)] or [[]]
     out = []
     for i, chunk in enumerate(chunks):

@@ -11,7 +11,7 @@ case "$1" in
   *) exit 0 ;;
 esac
 
-units="vgpu-device-plugin.service vgpu-monitor.service"
+units="vgpu-device-plugin.service vgpu-dra-plugin.service vgpu-monitor.service"
 if command -v systemctl >/dev/null 2>&1; then
   if [ -d /run/systemd/system ]; then
     # shellcheck disable=SC2086

@@ -33,11 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from device_plugin.dra import slices  # noqa: E402
-from device_plugin.dra.config import DRAConfig  # noqa: E402
-from device_plugin.dra.inventory import GPU  # noqa: E402
+from device_plugin.dra.config import settings  # noqa: E402
 from tests.support import draallocator, kubeapi  # noqa: E402
 from tests.support.drakubelet import Claim, DRAKubelet  # noqa: E402
 from tests.support.procs import terminate  # noqa: E402
+from vgpu.nvml import GPUInfo  # noqa: E402
 from vgpu.schemas import write_atomic  # noqa: E402
 
 NODE = "bench-node"
@@ -45,6 +45,7 @@ DRIVER = "gpu.vgpu.k8s.io"
 ROUNDS_1 = int(os.environ.get("BENCH_DRA_ROUNDS_1", "200"))
 ROUNDS_16 = int(os.environ.get("BENCH_DRA_ROUNDS_16", "60"))
 GIB = 1 << 30
+RUN_TMPFS = os.environ.get("BENCH_DRA_RUN", "/dev/shm")  # a tmpfs, as /run is on a node
 
 # The stand-in learns the resource.k8s.io/v1 kinds and scopes (types.go).
 kubeapi.KINDS.update(
@@ -85,7 +86,12 @@ def main() -> int:
     from tests.fakegpu import harness
 
     subprocess.run(["make", "-s", "-C", str(ROOT), "build-all"], check=True)
-    with tempfile.TemporaryDirectory(prefix="bdra-", dir="/tmp") as d:
+    # As on a node: the state dir (allocation records, the checkpoint) on disk, the run dir
+    # (the claims' limits and regions) and the CDI spec dir (/var/run/cdi) on a tmpfs (/run).
+    with (
+        tempfile.TemporaryDirectory(prefix="bdra-", dir="/var/tmp") as d,
+        tempfile.TemporaryDirectory(prefix="bdra-", dir=RUN_TMPFS) as run,
+    ):
         tmp = Path(d)
         node = harness.FakeGPU(tmp / "fakegpu", ROOT / "build", gpus=2, memory=16 * GIB)
         api = kubeapi.KubeAPI().start()
@@ -97,8 +103,9 @@ def main() -> int:
             sys.executable, "-m", "device_plugin.dra",
             "--config", str(tmp / "none.toml"),
             "--state-dir", str(tmp / "state"),
+            "--run-dir", str(Path(run) / "vgpu"),
             "--kubelet-dir", str(tmp / "k"),
-            "--cdi-dir", str(tmp / "cdi"),
+            "--cdi-dir", str(Path(run) / "cdi"),
             "--node-name", NODE,
             "--library-path", str(ROOT / "build" / "libvgpu.so"),
         ]  # fmt: skip
@@ -107,8 +114,8 @@ def main() -> int:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             kubelet.wait_registered(DRIVER, timeout=60)
-            gpus = [GPU(index=i, uuid=u, product_name="x", memory_total=16 * GIB) for i, u in enumerate(node.uuids)]
-            alloc_slices = slices.build(NODE, gpus, DRAConfig(node_name=NODE), generation=1)
+            gpus = [GPUInfo(i, u, "x", 16 * GIB, None, None) for i, u in enumerate(node.uuids)]
+            alloc_slices = slices.build(NODE, gpus, settings(None, node_name=NODE), generation=1)
             lat: dict[int, list[float]] = {1: [], 16: []}
             unlat: list[float] = []
             cpu16 = 0.0

@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.config import DRAConfig
-from device_plugin.dra.inventory import GPU
+from device_plugin.dra.config import Settings, settings
 from tests.support import kubeapi
+from vgpu.nvml import GPUInfo
 
 NODE = "node-1"
 GIB = 1 << 30
 
 
-def gpus(n: int = 2, memory: int = 16 * GIB) -> list[GPU]:
+def gpus(n: int = 2, memory: int = 16 * GIB) -> list[GPUInfo]:
     return [
-        GPU(
+        GPUInfo(
             index=i,
             uuid=f"GPU-{i:08x}-1111-2222-3333-444444444444",
-            product_name="NVIDIA Fake GPU",
+            name="NVIDIA Fake GPU",
             memory_total=memory,
             numa_node=0,
             pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
@@ -36,7 +36,7 @@ def gpus(n: int = 2, memory: int = 16 * GIB) -> list[GPU]:
     ]
 
 
-def make_cfg(tmp_path: Path, **kw: object) -> DRAConfig:
+def make_cfg(tmp_path: Path, **kw: object) -> Settings:
     lib = tmp_path / "libvgpu.so"
     if not lib.exists():
         lib.write_bytes(b"\x7fELF placeholder")
@@ -55,7 +55,7 @@ def make_cfg(tmp_path: Path, **kw: object) -> DRAConfig:
         "library_path": str(lib),
     }
     base.update(kw)
-    return DRAConfig(**base)  # type: ignore[arg-type]
+    return settings(None, **base)
 
 
 _LINKS: list[Path] = []
@@ -69,18 +69,13 @@ def _remove_links() -> Iterator[None]:
 
 
 @pytest.fixture
-def cfg(tmp_path: Path) -> DRAConfig:
+def cfg(tmp_path: Path) -> Settings:
     return make_cfg(tmp_path)
 
 
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[kubeapi.KubeAPI]:
-    """The API server stand-in, with the resource.k8s.io/v1 kinds and scopes of types.go
-    (ResourceClaim namespaced; ResourceSlice and DeviceClass cluster-scoped)."""
-    monkeypatch.setitem(kubeapi.KINDS, "resourceclaims", ("ResourceClaim", "resource.k8s.io/v1"))
-    monkeypatch.setitem(kubeapi.KINDS, "resourceslices", ("ResourceSlice", "resource.k8s.io/v1"))
-    monkeypatch.setitem(kubeapi.KINDS, "deviceclasses", ("DeviceClass", "resource.k8s.io/v1"))
-    monkeypatch.setattr(kubeapi, "CLUSTER_SCOPED", kubeapi.CLUSTER_SCOPED | {"resourceslices", "deviceclasses"})
+def kube() -> Iterator[kubeapi.KubeAPI]:
+    """The API server stand-in (it knows the resource.k8s.io/v1 kinds and their scopes)."""
     with kubeapi.running() as api:
         api.create("nodes", kubeapi.node_object(NODE))
         yield api

@@ -8,15 +8,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from device_plugin.dra import apiclient, core, slices
-from device_plugin.dra.config import DRAConfig
+from device_plugin.dra import apiclient, slices
+from device_plugin.dra.config import Settings
 from device_plugin.dra.driver import Driver
-from device_plugin.dra.inventory import GPU
 from device_plugin.dra.server import PluginServer
+from device_plugin.nodecore import NodeCore
 from tests.dra.conftest import NODE
 from tests.support import draallocator, kubeapi
 from tests.support.drakubelet import Claim
-from vgpu.paths import Paths
+from vgpu.nvml import GPUInfo
 
 
 @dataclass
@@ -29,11 +29,14 @@ class Plugin:
         self.driver.close()
 
 
-def start_plugin(cfg: DRAConfig, gpus: list[GPU], api: kubeapi.KubeAPI | None) -> Plugin:
-    node_core = core.RecordCore(Paths(cfg.state_dir), cfg.driver_name)
-    node_core.ensure_dir()
+def node_core(cfg: Settings, gpus: list[GPUInfo]) -> NodeCore:
+    """The node core over these GPUs, without NVML health threads."""
+    return NodeCore(gpus, cfg.slicing, cfg.paths, health_recovery_s=cfg.health_recovery_s, nvml_health=False)
+
+
+def start_plugin(cfg: Settings, gpus: list[GPUInfo], api: kubeapi.KubeAPI | None) -> Plugin:
     resource_api = apiclient.KubeResourceAPI(api.api_client()) if api is not None else None
-    driver = Driver(cfg, NODE, gpus, node_core, resource_api)
+    driver = Driver(cfg, NODE, node_core(cfg, gpus), resource_api)
     driver.recover()
     server = PluginServer(driver, cfg.registration_socket, cfg.endpoint)
     server.start()
@@ -43,7 +46,7 @@ def start_plugin(cfg: DRAConfig, gpus: list[GPU], api: kubeapi.KubeAPI | None) -
 class Claims:
     """Claims allocated from the node's published slices and stored in the API stand-in."""
 
-    def __init__(self, api: kubeapi.KubeAPI, cfg: DRAConfig, gpus: list[GPU]) -> None:
+    def __init__(self, api: kubeapi.KubeAPI, cfg: Settings, gpus: list[GPUInfo]) -> None:
         self.api = api
         self.alloc = draallocator.Allocator(slices.build(NODE, gpus, cfg, generation=1))
         self.n = 0

@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_plugin.dra import claims, core
-from device_plugin.dra.claimstate import ClaimState, new_metadata, write_region
+from device_plugin.dra import claims
+from device_plugin.dra.claimstate import ClaimState, new_metadata
+from device_plugin.dra.driver import merge
+from device_plugin.records import RecordStore
 from runtime_hook import records as hook_records
 from tests.dra.conftest import GIB, gpus
 from vgpu import limits as vlimits
@@ -32,15 +34,15 @@ _uuid = st.from_regex(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}", fullmatch=True)
         unique_by=lambda t: t[0],
     )
 )
-def test_region_is_vgpu_region_initialise_byte_for_byte(tmp_path_factory: pytest.TempPathFactory, devs: list) -> None:
+def test_fast_region_is_the_hooks_region_byte_for_byte(tmp_path_factory: pytest.TempPathFactory, devs: list) -> None:
+    """vgpu.region.initialise without fsync (claims) writes what the hook's durable form writes."""
     lim = [vlimits.DeviceLimit(uuid=u, memory_limit=m, core_percent=c, oversubscribe=o) for u, m, c, o in devs]
     d = tmp_path_factory.mktemp("r")
     vregion.initialise(str(d / "ref"), lim)
-    write_region(str(d / "ours"), lim)
+    vregion.initialise(str(d / "ours"), lim, durable=False)
     ref = bytearray((d / "ref").read_bytes())
     ours = bytearray((d / "ours").read_bytes())
     assert oct(os.stat(d / "ours").st_mode & 0o777) == "0o666"
-    assert os.stat(d / "ours").st_blocks * 512 >= vregion.REGION_SIZE  # allocated, not sparse
     created = vregion.Region.created.offset
     ours[created : created + 8] = ref[created : created + 8]  # the creation time differs
     assert ours == ref
@@ -49,35 +51,36 @@ def test_region_is_vgpu_region_initialise_byte_for_byte(tmp_path_factory: pytest
 
 @pytest.mark.parametrize("durable", [False, True])
 def test_records_are_the_device_plugins(tmp_path: Path, durable: bool) -> None:
-    rc = core.RecordCore(Paths(str(tmp_path)), "gpu.vgpu.k8s.io", durable=durable)
+    rc = RecordStore(Paths(str(tmp_path)), "gpu.vgpu.k8s.io", durable=durable)
     rc.ensure_dir()
     gpu = AllocatedGPU(uuid=gpus(1)[0].uuid, memory_limit=6 * GIB, core_percent=30, vgpu_ids=["x"])
-    rec = rc.write_record([gpu], oversubscribe=False)
+    rec = rc.write([gpu], oversubscribe=False)
     path = tmp_path / "allocations" / f"{rec.token}.json"
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     hook = hook_records.read_record(str(path))  # what the OCI hook would read
     assert (hook.token, hook.resource_name, hook.gpus[0].memory_limit) == (rec.token, "gpu.vgpu.k8s.io", 6 * GIB)
-    assert rc.has_record(rec.token) and [r.token for r in rc.list_records()] == [rec.token]
+    assert rc.has(rec.token) and [r.token for r in rc.list()] == [rec.token]
     # Records of another front end are not ours.
-    core.RecordCore(Paths(str(tmp_path)), "nvidia.com/gpu").write_record([gpu], False)
-    assert [r.token for r in rc.list_records()] == [rec.token]
+    RecordStore(Paths(str(tmp_path)), "nvidia.com/gpu").write([gpu], False)
+    assert [r.token for r in rc.list()] == [rec.token]
     # A record a crash left empty is not there: start-up writes it again.
     path.write_bytes(b"")
-    assert not rc.has_record(rec.token)
-    rc.restore_record(rec)
-    assert rc.has_record(rec.token)
-    rc.remove_record(rec.token)
-    rc.remove_record(rec.token)
-    assert not rc.has_record(rec.token)
+    assert not rc.has(rec.token)
+    rc.restore(rec)
+    assert rc.has(rec.token)
+    rc.remove(rec.token)
+    rc.remove(rec.token)
+    assert not rc.has(rec.token)
+    assert not [p for p in os.listdir(tmp_path / "allocations") if p.startswith(".")]  # no temporary left
 
 
 def test_shares_of_one_gpu_merge_and_cores_are_capped() -> None:
     s = [
-        core.ShareSlice("GPU-a", 2 * GIB, 70, "s1", "a"),
-        core.ShareSlice("GPU-b", GIB, 10, "s2", "b"),
-        core.ShareSlice("GPU-a", 3 * GIB, 50, "s3", "c"),
+        claims.Share("a", "node-1", "gpu-0", "s1", "GPU-a", 2 * GIB, 70),
+        claims.Share("b", "node-1", "gpu-1", "s2", "GPU-b", GIB, 10),
+        claims.Share("c", "node-1", "gpu-0", "s3", "GPU-a", 3 * GIB, 50),
     ]
-    out = core.merge(UID, s, cores_cap=100)
+    out = merge(UID, s, cores_cap=100)
     assert [(g.uuid, g.memory_limit, g.core_percent, len(g.vgpu_ids)) for g in out] == [
         ("GPU-a", 5 * GIB, 100, 2),
         ("GPU-b", GIB, 10, 1),
@@ -86,10 +89,11 @@ def test_shares_of_one_gpu_merge_and_cores_are_capped() -> None:
 
 
 def test_claim_dir_keeps_a_live_region_and_refuses_links(tmp_path: Path) -> None:
-    st_ = ClaimState(str(tmp_path / "claims"))
+    st_ = ClaimState(Paths(str(tmp_path)))
     st_.ensure_dir()
-    rc = core.MemoryCore("gpu.vgpu.k8s.io")
-    rec = rc.write_record([AllocatedGPU(uuid="GPU-a", memory_limit=GIB, core_percent=10)], False)
+    rc = RecordStore(Paths(str(tmp_path)), "gpu.vgpu.k8s.io", durable=False)
+    rc.ensure_dir()
+    rec = rc.write([AllocatedGPU(uuid="GPU-a", memory_limit=GIB, core_percent=10)], False)
     meta = new_metadata(claim_uid=UID, namespace="ns", name="c", rec=rec, driver="d", devices=[], reserved_for=[])
     st_.create(rec, meta)
     region = Path(st_.files(UID)["region"])
@@ -134,7 +138,7 @@ def test_exclusive_allocation_is_the_whole_gpu() -> None:
         ({"memory": "0", "cores": "10"}, "memory is 0"),
         ({"memory": "-1Gi", "cores": "10"}, "outside"),
         ({"memory": "1Gi", "cores": "101"}, "outside"),
-        ({"memory": "1Qi", "cores": "1"}, "unknown suffix"),
+        ({"memory": "1Qi", "cores": "1"}, "consumedCapacity memory: quantities must match"),
     ],
 )
 def test_consumed_capacity_checks(consumed: dict, error: str) -> None:
@@ -159,11 +163,11 @@ def test_the_device_plugins_record_collector_leaves_dra_records_alone(tmp_path: 
     from device_plugin.records import RecordCollector
 
     paths = Paths(str(tmp_path))
-    dra = core.RecordCore(paths, "gpu.vgpu.k8s.io")
+    dra = RecordStore(paths, "gpu.vgpu.k8s.io")
     dra.ensure_dir()
     gpu = AllocatedGPU(uuid="GPU-a", memory_limit=GIB, core_percent=10, vgpu_ids=[f"GPU-a::dra:{UID}:s"])
-    mine = dra.write_record([gpu], False)
-    theirs = core.RecordCore(paths, "nvidia.com/gpu").write_record([gpu], False)
+    mine = dra.write([gpu], False)
+    theirs = RecordStore(paths, "nvidia.com/gpu").write([gpu], False)
     # No vGPU ID is assigned to any container (PodResources), the grace period is over.
     deleted = RecordCollector(paths, "nvidia.com/gpu", grace_s=0).collect(set(), now=mine.created + 3600)
-    assert deleted == [theirs.token] and dra.has_record(mine.token)
+    assert deleted == [theirs.token] and dra.has(mine.token)

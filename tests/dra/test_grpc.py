@@ -15,7 +15,7 @@ import pytest
 
 from device_plugin.dra import cdi
 from device_plugin.dra import checkpoint as ckpt
-from device_plugin.dra.config import DRAConfig
+from device_plugin.dra.config import Settings
 from runtime_hook import records as hook_records
 from tests.dra.conftest import GIB, NODE, gpus
 from tests.dra.support import Claims, Plugin, start_plugin
@@ -31,13 +31,13 @@ GPUS = gpus(2)
 
 
 @pytest.fixture
-def kubelet(cfg: DRAConfig) -> Iterator[DRAKubelet]:
+def kubelet(cfg: Settings) -> Iterator[DRAKubelet]:
     with DRAKubelet(cfg.kubelet_dir) as k:
         yield k
 
 
 @pytest.fixture
-def plugin(cfg: DRAConfig, kube: kubeapi.KubeAPI, kubelet: DRAKubelet) -> Iterator[Plugin]:
+def plugin(cfg: Settings, kube: kubeapi.KubeAPI, kubelet: DRAKubelet) -> Iterator[Plugin]:
     p = start_plugin(cfg, GPUS, kube)
     kubelet.wait_registered(DRIVER)
     try:
@@ -47,32 +47,32 @@ def plugin(cfg: DRAConfig, kube: kubeapi.KubeAPI, kubelet: DRAKubelet) -> Iterat
 
 
 @pytest.fixture
-def claims(kube: kubeapi.KubeAPI, cfg: DRAConfig) -> Claims:
+def claims(kube: kubeapi.KubeAPI, cfg: Settings) -> Claims:
     return Claims(kube, cfg, GPUS)
 
 
-def records(cfg: DRAConfig) -> list[AllocationRecord]:
+def records(cfg: Settings) -> list[AllocationRecord]:
     d = Path(cfg.state_dir) / "allocations"
     return [read_record(str(p)) for p in sorted(d.glob("*.json"))] if d.is_dir() else []
 
 
-def claim_dirs(cfg: DRAConfig) -> list[str]:
+def claim_dirs(cfg: Settings) -> list[str]:
     return sorted(p.name for p in Path(cfg.claims_dir).iterdir() if p.is_dir())
 
 
-def test_registration(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet) -> None:
+def test_registration(cfg: Settings, plugin: Plugin, kubelet: DRAKubelet) -> None:
     r = kubelet.wait_registered(DRIVER)
     assert r.socket == os.path.join(cfg.kubelet_dir, "plugins_registry", f"{DRIVER}-reg.sock")
     assert r.endpoint == os.path.join(cfg.kubelet_dir, "plugins", DRIVER, "dra.sock")
     assert r.versions == ["v1.DRAPlugin"] and r.service == "v1.DRAPlugin"
-    # The kubelet's health stream, which we do not serve yet: refused, and serving goes on.
-    assert r.health == "UNIMPLEMENTED"
+    # The kubelet's health stream, opened right after registration, is served (test_health.py).
+    assert r.health == "OK"
     assert plugin.server.registration.registered.wait(5)
     assert plugin.server.registration.last_status is not None
     assert plugin.server.registration.last_status.plugin_registered
 
 
-def test_prepare_6gi_30pct(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims) -> None:
+def test_prepare_6gi_30pct(cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims) -> None:
     c = claims.make({"gpu": {"memory": "6Gi", "cores": "30"}})
     result = claims.get(c)["status"]["allocation"]["devices"]["results"][0]
     [dev] = kubelet.prepare(DRIVER, [c])[c.uid]
@@ -116,7 +116,7 @@ def test_prepare_6gi_30pct(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, 
 
 
 def test_default_share_without_capacity_request(
-    cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+    cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
 ) -> None:
     c = claims.make({"gpu": {}})
     kubelet.prepare(DRIVER, [c])
@@ -124,7 +124,7 @@ def test_default_share_without_capacity_request(
     assert (rec.gpus[0].memory_limit, rec.gpus[0].core_percent) == (8 * GIB, 50)  # 1/K, K = 2
 
 
-def test_prepare_is_idempotent(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims) -> None:
+def test_prepare_is_idempotent(cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims) -> None:
     c = claims.make({"gpu": {"memory": "4Gi"}})
     first = kubelet.prepare(DRIVER, [c])
     region = Path(cfg.claims_dir) / c.uid / "region"
@@ -144,7 +144,7 @@ def test_prepare_is_idempotent(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubel
 
 
 def test_concurrent_first_prepares_make_one_slice(
-    cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+    cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
 ) -> None:
     c = claims.make({"gpu": {"memory": "4Gi"}})
     answers: list[object] = []
@@ -157,7 +157,7 @@ def test_concurrent_first_prepares_make_one_slice(
     assert len(records(cfg)) == 1
 
 
-def test_unprepare_removes_everything(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims) -> None:
+def test_unprepare_removes_everything(cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims) -> None:
     keep, gone = claims.make({"gpu": {"memory": "2Gi"}}), claims.make({"gpu": {"memory": "2Gi"}})
     kubelet.prepare(DRIVER, [keep, gone])
     assert len(records(cfg)) == 2
@@ -171,7 +171,7 @@ def test_unprepare_removes_everything(cfg: DRAConfig, plugin: Plugin, kubelet: D
     kubelet.unprepare(DRIVER, [never])
 
 
-def test_bad_claims_fail_alone(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims) -> None:
+def test_bad_claims_fail_alone(cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims) -> None:
     good = claims.make({"gpu": {"memory": "2Gi", "cores": "1"}})
 
     def variant(name: str, edit: object) -> Claim:
@@ -222,7 +222,7 @@ def test_bad_claims_fail_alone(cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubel
 
 
 def test_one_claim_two_gpus_and_a_subrequest(
-    cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+    cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
 ) -> None:
     claims.make({"filler": {"memory": "12Gi"}})  # gpu-0 is mostly taken
     c = claims.make({"a": {"memory": "2Gi", "cores": "10"}, "b/large": {"memory": "10Gi", "cores": "60"}})
@@ -237,7 +237,7 @@ def test_one_claim_two_gpus_and_a_subrequest(
 
 
 def test_two_shares_of_one_gpu_in_one_claim_add_up(
-    cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+    cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
 ) -> None:
     c = claims.make({"a": {"memory": "3Gi", "cores": "20"}, "b": {"memory": "1Gi", "cores": "5"}})
     devs = kubelet.prepare(DRIVER, [c])[c.uid]
@@ -248,7 +248,7 @@ def test_two_shares_of_one_gpu_in_one_claim_add_up(
 
 
 def test_restart_answers_from_the_checkpoint_and_rebuilds_files(
-    cfg: DRAConfig, kube: kubeapi.KubeAPI, kubelet: DRAKubelet, claims: Claims
+    cfg: Settings, kube: kubeapi.KubeAPI, kubelet: DRAKubelet, claims: Claims
 ) -> None:
     p = start_plugin(cfg, GPUS, kube)
     kubelet.wait_registered(DRIVER)
@@ -274,14 +274,14 @@ def test_restart_answers_from_the_checkpoint_and_rebuilds_files(
 
 
 def test_start_up_removes_leftovers_and_refuses_a_bad_checkpoint(
-    cfg: DRAConfig, kube: kubeapi.KubeAPI, claims: Claims, tmp_path: Path
+    cfg: Settings, kube: kubeapi.KubeAPI, claims: Claims, tmp_path: Path
 ) -> None:
     p = start_plugin(cfg, GPUS, None)
     p.stop()
     # Leftovers of a crash between the first write and the checkpoint: a record, a claim
     # directory and a spec of ours; a spec of another instance (other state dir) stays.
     uid = "11111111-2222-4333-8444-555555555555"
-    rec = p.driver.core.write_record([], False)
+    rec = p.driver.records.write([], False)
     (Path(cfg.claims_dir) / uid).mkdir()
     (Path(cfg.claims_dir) / uid / "region").write_bytes(b"x")
     from device_plugin.dra.cdi import ClaimFiles, SpecDir
@@ -292,7 +292,7 @@ def test_start_up_removes_leftovers_and_refuses_a_bad_checkpoint(
     specs.write(other, ClaimFiles("/lib", "/elsewhere/limits", "/elsewhere/region", "/elsewhere/p"))
     p = start_plugin(cfg, GPUS, None)
     p.stop()
-    assert records(cfg) == [] and not p.driver.core.has_record(rec.token)
+    assert records(cfg) == [] and not p.driver.records.has(rec.token)
     assert claim_dirs(cfg) == []
     assert os.listdir(cfg.cdi_dir) == [cdi.spec_file_name(other)]
     Path(cfg.checkpoint_path).parent.mkdir(parents=True, exist_ok=True)
@@ -302,7 +302,7 @@ def test_start_up_removes_leftovers_and_refuses_a_bad_checkpoint(
 
 
 def test_no_api_server_is_an_error_per_claim(
-    cfg: DRAConfig, kube: kubeapi.KubeAPI, kubelet: DRAKubelet, claims: Claims
+    cfg: Settings, kube: kubeapi.KubeAPI, kubelet: DRAKubelet, claims: Claims
 ) -> None:
     p = start_plugin(cfg, GPUS, kube)
     try:
@@ -317,7 +317,7 @@ def test_no_api_server_is_an_error_per_claim(
 
 
 def test_missing_library_fails_the_claim_clearly(
-    cfg: DRAConfig, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+    cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
 ) -> None:
     os.unlink(cfg.library_path)
     c = claims.make({"gpu": {"memory": "1Gi"}})
@@ -326,7 +326,55 @@ def test_missing_library_fails_the_claim_clearly(
     assert records(cfg) == [] and claim_dirs(cfg) == [] and not os.path.exists(cfg.cdi_dir)
 
 
-def test_socket_replaced_under_the_plugin_is_noticed(cfg: DRAConfig, plugin: Plugin) -> None:
+def test_socket_replaced_under_the_plugin_is_noticed(cfg: Settings, plugin: Plugin) -> None:
     assert plugin.server.alive()
     os.unlink(cfg.registration_socket)
     assert not plugin.server.alive()
+
+
+def test_unprepare_during_a_prepare_of_the_claim_waits_for_it(
+    cfg: Settings, kube: kubeapi.KubeAPI, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+) -> None:
+    """Claims are read and made outside the driver's lock; an unprepare of a claim whose prepare
+    is in flight waits for it, then undoes it: nothing of the claim is left."""
+    c = claims.make({"gpu": {"memory": "2Gi"}})
+    kube.latency_s = 0.5  # the read of the claim is slow
+    t = threading.Thread(target=lambda: kubelet.prepare(DRIVER, [c]))
+    t.start()
+    deadline = 100
+    while deadline and not any(m == "GET" and p.endswith(f"/resourceclaims/{c.name}") for m, p, _ in kube.requests):
+        threading.Event().wait(0.02)
+        deadline -= 1
+    assert deadline, "the prepare did not read the claim"
+    kubelet.unprepare(DRIVER, [c])
+    kube.latency_s = 0
+    t.join()
+    assert records(cfg) == [] and claim_dirs(cfg) == [] and plugin.driver.prepared() == {}
+    assert not os.path.exists(Path(cfg.cdi_dir) / f"vgpu.k8s.io-claim_{c.uid}.json")
+
+
+def test_claims_files_live_in_the_run_dir(tmp_path: Path, kube: kubeapi.KubeAPI) -> None:
+    """With common.run_dir (a tmpfs on a node) the claims' files go there, records and the
+    checkpoint stay in the state dir; the region is sparse (a hole, read as zeros)."""
+    from tests.dra.conftest import make_cfg
+
+    cfg = make_cfg(tmp_path, run_dir=str(tmp_path / "run"))
+    p = start_plugin(cfg, GPUS, kube)
+    try:
+        with DRAKubelet(cfg.kubelet_dir) as kubelet:
+            kubelet.wait_registered(DRIVER)
+            c = Claims(kube, cfg, GPUS).make({"gpu": {"memory": "6Gi", "cores": "30"}})
+            kubelet.prepare(DRIVER, [c])
+    finally:
+        p.stop()
+    d = tmp_path / "run" / "claims" / c.uid
+    assert cfg.claims_dir == str(tmp_path / "run" / "claims")
+    assert sorted(os.listdir(d)) == ["claim.json", "limits", "region"]
+    assert oct(d.stat().st_mode & 0o777) == "0o700" and oct((d / "limits").stat().st_mode & 0o777) == "0o644"
+    assert oct((d / "claim.json").stat().st_mode & 0o777) == "0o600"
+    assert (d / "region").stat().st_blocks * 512 < vregion.REGION_SIZE  # sparse
+    assert vregion.read_region(str(d / "region")).devices[0].memory_limit == 6 * GIB
+    assert len(records(cfg)) == 1 and Path(cfg.checkpoint_path).is_file()
+    assert str(tmp_path / "state") in cfg.checkpoint_path
+    spec = json.loads((Path(cfg.cdi_dir) / f"vgpu.k8s.io-claim_{c.uid}.json").read_text())
+    assert {m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]} >= {str(d / "region")}

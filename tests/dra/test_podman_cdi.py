@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.config import DRAConfig
+from device_plugin.dra.config import Settings
 from tests.dra.conftest import GIB, make_cfg
 from tests.dra.support import Claims, start_plugin
 from tests.fakegpu import toolkit as tk
@@ -81,18 +81,16 @@ def node(tmp_path: Path, build_dir: Path) -> Iterator[FakeGPU]:
 
 
 @pytest.fixture
-def cfg(tmp_path: Path, build_dir: Path) -> DRAConfig:
+def cfg(tmp_path: Path, build_dir: Path) -> Settings:
     return make_cfg(tmp_path, cdi_dir=str(CDI_DIR), library_path=str(build_dir / "libvgpu.so"))
 
 
 def test_claimed_memory_is_what_the_container_sees_and_gets(
-    cfg: DRAConfig, node: FakeGPU, kube: kubeapi.KubeAPI, rootfs: Path
+    cfg: Settings, node: FakeGPU, kube: kubeapi.KubeAPI, rootfs: Path
 ) -> None:
-    from device_plugin.dra.inventory import GPU
+    from vgpu.nvml import GPUInfo
 
-    gpus = [
-        GPU(index=i, uuid=u, product_name="NVIDIA Fake GPU", memory_total=16 * GIB) for i, u in enumerate(node.uuids)
-    ]
+    gpus = [GPUInfo(i, u, "NVIDIA Fake GPU", 16 * GIB, None, None) for i, u in enumerate(node.uuids)]
     plugin = start_plugin(cfg, gpus, kube)
     claims = Claims(kube, cfg, gpus)
     prepared: list[str] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.config import DRAConfig
+from device_plugin.dra.config import Settings
 from tests.dra.conftest import GIB, NODE
 from tests.dra.support import Claims
 from tests.fakegpu.harness import FakeGPU
@@ -38,7 +38,7 @@ def node(tmp_path: Path, build_dir: Path) -> Iterator[FakeGPU]:
         g.close()
 
 
-def argv(cfg: DRAConfig, *extra: str) -> list[str]:
+def argv(cfg: Settings, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "device_plugin.dra", *extra,
         "--config", str(Path(cfg.state_dir).parent / "none.toml"),
@@ -56,7 +56,7 @@ def env(node: FakeGPU, kube: kubeapi.KubeAPI | None, tmp: Path) -> dict[str, str
     return e
 
 
-def test_print_describes_the_simulated_gpus(cfg: DRAConfig, node: FakeGPU, tmp_path: Path) -> None:
+def test_print_describes_the_simulated_gpus(cfg: Settings, node: FakeGPU, tmp_path: Path) -> None:
     r = subprocess.run(
         [*argv(cfg, "print"), "--extended-resource-name", "nvidia.com/gpu", "--device-split-count", "4"],
         env=env(node, None, tmp_path),
@@ -77,7 +77,7 @@ def test_print_describes_the_simulated_gpus(cfg: DRAConfig, node: FakeGPU, tmp_p
     assert objs[1]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
 
 
-def test_bad_settings_exit_2_naming_them(cfg: DRAConfig, node: FakeGPU, tmp_path: Path) -> None:
+def test_bad_settings_exit_2_naming_them(cfg: Settings, node: FakeGPU, tmp_path: Path) -> None:
     for extra, word in (
         (["--nvidia-cdi-device", "serial"], "nvidia_cdi_device"),
         (["--memory-step", "0"], "memory_step"),
@@ -94,9 +94,9 @@ def test_bad_settings_exit_2_naming_them(cfg: DRAConfig, node: FakeGPU, tmp_path
 
 
 def test_serve_publish_stop_restart_uninstall(
-    cfg: DRAConfig, node: FakeGPU, kube: kubeapi.KubeAPI, tmp_path: Path
+    cfg: Settings, node: FakeGPU, kube: kubeapi.KubeAPI, tmp_path: Path
 ) -> None:
-    from device_plugin.dra.inventory import GPU
+    from vgpu.nvml import GPUInfo
 
     e = env(node, kube, tmp_path)
     log = open(tmp_path / "plugin.log", "wb")
@@ -106,7 +106,7 @@ def test_serve_publish_stop_restart_uninstall(
             kubelet.wait_registered(DRIVER, timeout=60)
             [s] = _wait_slices(kube)
             assert [d["attributes"]["uuid"]["string"] for d in s["spec"]["devices"]] == node.uuids
-            gpus = [GPU(index=i, uuid=u, product_name="x", memory_total=16 * GIB) for i, u in enumerate(node.uuids)]
+            gpus = [GPUInfo(i, u, "x", 16 * GIB, None, None) for i, u in enumerate(node.uuids)]
             c = Claims(kube, cfg, gpus).make({"gpu": {"memory": "6Gi", "cores": "30"}})
             first = kubelet.prepare(DRIVER, [c])
             proc.send_signal(signal.SIGTERM)
@@ -135,8 +135,8 @@ def _wait_slices(kube: kubeapi.KubeAPI, timeout: float = 30) -> list[dict]:
     raise TimeoutError("no ResourceSlice published")
 
 
-def test_an_xid_withdraws_the_gpu(cfg: DRAConfig, node: FakeGPU, kube: kubeapi.KubeAPI, tmp_path: Path) -> None:
-    from device_plugin.dra.inventory import GPU
+def test_an_xid_withdraws_the_gpu(cfg: Settings, node: FakeGPU, kube: kubeapi.KubeAPI, tmp_path: Path) -> None:
+    from vgpu.nvml import GPUInfo
 
     log = open(tmp_path / "plugin.log", "wb")
     with DRAKubelet(cfg.kubelet_dir) as kubelet:
@@ -146,7 +146,7 @@ def test_an_xid_withdraws_the_gpu(cfg: DRAConfig, node: FakeGPU, kube: kubeapi.K
         try:
             kubelet.wait_registered(DRIVER, timeout=60)
             _wait_slices(kube)
-            gpus = [GPU(index=i, uuid=u, product_name="x", memory_total=16 * GIB) for i, u in enumerate(node.uuids)]
+            gpus = [GPUInfo(i, u, "x", 16 * GIB, None, None) for i, u in enumerate(node.uuids)]
             claims = Claims(kube, cfg, gpus)
             claims.make({"a": {"memory": "14Gi"}})  # fills gpu-0: the next claim lands on gpu-1
             on_gpu1 = claims.make({"b": {"memory": "4Gi"}})

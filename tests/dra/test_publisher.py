@@ -5,28 +5,21 @@ create, no-op, generation bumps on a change (health), repair of a slice changed 
 from __future__ import annotations
 
 import copy
+import http.client
 import logging
-from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from device_plugin.dra import apiclient
-from device_plugin.dra.config import DRAConfig
-from device_plugin.dra.inventory import GPU
+from device_plugin.dra.config import Settings
 from device_plugin.dra.publisher import Publisher
+from device_plugin.nodecore import NodeCore
 from tests.dra.conftest import NODE, gpus
+from tests.dra.support import node_core
 from tests.support import kubeapi, resourcevalidation
 
 GPUS = gpus(2)
-
-
-class Node:
-    def __init__(self) -> None:
-        self.gpus: list[GPU] = list(GPUS)
-
-    def __call__(self) -> list[GPU]:
-        return self.gpus
 
 
 def our_slices(kube: kubeapi.KubeAPI) -> list[dict[str, Any]]:
@@ -38,12 +31,13 @@ def writes(kube: kubeapi.KubeAPI) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def pub(kube: kubeapi.KubeAPI, cfg: DRAConfig) -> tuple[Publisher, Node]:
-    node = Node()
-    return Publisher(apiclient.KubeResourceAPI(kube.api_client()), cfg, NODE, node), node
+def pub(kube: kubeapi.KubeAPI, cfg: Settings) -> tuple[Publisher, NodeCore]:
+    """A publisher of the node core's healthy GPUs (as the daemon wires it)."""
+    node = node_core(cfg, GPUS)
+    return Publisher(apiclient.KubeResourceAPI(kube.api_client()), cfg, NODE, node.healthy_gpus), node
 
 
-def test_create_then_nothing_to_do(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_create_then_nothing_to_do(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, _ = pub
     assert p.sync()
     [s] = our_slices(kube)
@@ -73,24 +67,25 @@ def _bytes(dev: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def test_health_change_bumps_the_generation(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_health_change_bumps_the_generation(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, node = pub
     p.sync()
-    node.gpus = [GPUS[0], replace(GPUS[1], healthy=False)]
+    node.table.mark_unhealthy(GPUS[1].uuid, "xid 79")
     assert p.sync()
     [s] = our_slices(kube)
     assert s["spec"]["pool"]["generation"] == 2 and [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
-    node.gpus = [replace(g, healthy=False) for g in GPUS]
+    node.table.mark_unhealthy(GPUS[0].uuid, "lost")
     assert p.sync()
     [s] = our_slices(kube)
     assert s["spec"]["pool"]["generation"] == 3 and "devices" not in s["spec"]
-    node.gpus = list(GPUS)
+    for g in GPUS:
+        node.table.mark_healthy(g.uuid)
     assert p.sync()
     [s] = our_slices(kube)
     assert s["spec"]["pool"]["generation"] == 4 and len(s["spec"]["devices"]) == 2
 
 
-def test_a_slice_changed_by_someone_else_is_repaired(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_a_slice_changed_by_someone_else_is_repaired(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, _ = pub
     p.sync()
     [s] = our_slices(kube)
@@ -100,10 +95,10 @@ def test_a_slice_changed_by_someone_else_is_repaired(kube: kubeapi.KubeAPI, pub:
     assert len(s["spec"]["devices"]) == 2 and s["spec"]["pool"]["generation"] == 2
 
 
-def test_conflict_then_retry(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_conflict_then_retry(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, node = pub
     p.sync()
-    node.gpus = GPUS[:1]
+    node.table.mark_unhealthy(GPUS[1].uuid, "xid 79")
     kube.fail_next("PATCH", r"/resourceslices/", 409)
     assert not p.sync()
     assert p.sync()
@@ -111,7 +106,7 @@ def test_conflict_then_retry(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node])
     assert [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
 
 
-def test_obsolete_slices_go_and_uninstall_removes_all(kube: kubeapi.KubeAPI, pub: tuple[Publisher, Node]) -> None:
+def test_obsolete_slices_go_and_uninstall_removes_all(kube: kubeapi.KubeAPI, pub: tuple[Publisher, NodeCore]) -> None:
     p, _ = pub
     p.sync()
     [s] = our_slices(kube)
@@ -152,7 +147,7 @@ class DroppingAPI(apiclient.KubeResourceAPI):
 
 
 def test_fields_dropped_by_the_api_server_do_not_loop(
-    kube: kubeapi.KubeAPI, cfg: DRAConfig, caplog: pytest.LogCaptureFixture
+    kube: kubeapi.KubeAPI, cfg: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     p = Publisher(DroppingAPI(kube.api_client()), cfg, NODE, lambda: GPUS)
     with caplog.at_level(logging.ERROR):
@@ -165,7 +160,37 @@ def test_fields_dropped_by_the_api_server_do_not_loop(
     assert s["spec"]["pool"]["generation"] == 1
 
 
-def test_claim_reads_carry_the_clients_credentials(kube: kubeapi.KubeAPI) -> None:
+def test_claim_reads_carry_the_clients_credentials(kube: kubeapi.KubeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    ac = kube.api_client()
+    seen: list[dict[str, str]] = []
+    request = http.client.HTTPConnection.request
+
+    def spy(self: http.client.HTTPConnection, method: str, url: str, *a: Any, **kw: Any) -> Any:
+        seen.append(dict(kw.get("headers") or {}))
+        return request(self, method, url, *a, **kw)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "request", spy)
+    api = apiclient.KubeResourceAPI(ac)
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 404 and "not found" in e.value.message
+    assert seen[-1]["authorization"] == "Bearer test-token" and seen[-1]["Accept"] == "application/json"
+    # keep-alive: a second read reuses the thread's connection; one the server closed is reopened
+    n = len(kube.requests)
+    conn = api._local.conn
+    for _ in range(2):
+        with pytest.raises(apiclient.ApiError):
+            api.get_claim("default", "missing")
+    assert api._local.conn is conn and len(kube.requests) == n + 2
+    conn.sock.close()
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 404
+
+
+def test_claim_reads_through_a_proxy_use_the_clients_pool(kube: kubeapi.KubeAPI) -> None:
+    """With a proxy (or a TLS server name) configured, the read goes through the client's own
+    pool, which knows how to use it."""
     ac = kube.api_client()
     seen: list[dict[str, str]] = []
     request = ac.rest_client.pool_manager.request
@@ -175,8 +200,36 @@ def test_claim_reads_carry_the_clients_credentials(kube: kubeapi.KubeAPI) -> Non
         return request(method, url, **kw)
 
     ac.rest_client.pool_manager.request = spy
+    ac.configuration.proxy = "http://proxy.invalid:3128"
     api = apiclient.KubeResourceAPI(ac)
     with pytest.raises(apiclient.ApiError) as e:
         api.get_claim("default", "missing")
-    assert e.value.status == 404 and "not found" in e.value.message
-    assert seen[-1]["authorization"] == "Bearer test-token" and seen[-1]["Accept"] == "application/json"
+    assert e.value.status == 404
+    assert seen[-1]["authorization"] == "Bearer test-token"
+
+
+def test_credentials_are_asked_again_after_a_401(kube: kubeapi.KubeAPI) -> None:
+    """Credentials are cached for a few seconds (the client's refresh hook is slow); a 401 within
+    them asks the client again and retries once (a rotated token)."""
+    ac = kube.api_client()
+    asked: list[int] = []
+    settings = ac.configuration.auth_settings
+
+    def counting() -> Any:
+        asked.append(1)
+        return settings()
+
+    ac.configuration.auth_settings = counting  # type: ignore[method-assign]
+    api = apiclient.KubeResourceAPI(ac)
+    for _ in range(3):
+        with pytest.raises(apiclient.ApiError):
+            api.get_claim("default", "missing")
+    assert len(asked) == 1
+    kube.fail_next("GET", r"/resourceclaims/missing$", 401)
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 404 and len(asked) == 2  # asked again, retried, answered
+    kube.fail_next("GET", r"/resourceclaims/missing$", 401, times=2)
+    with pytest.raises(apiclient.ApiError) as e:
+        api.get_claim("default", "missing")
+    assert e.value.status == 401  # a second 401 is the answer

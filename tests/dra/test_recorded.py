@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import ParseDict
 
-from device_plugin.dra import claims, quantity
+from device_plugin.dra import claims
 from device_plugin.dra.api import dra_pb2
 from tests.support import draallocator, resourcevalidation
 from tests.support.drakubelet import DRA_PLUGIN_TYPE, SERVICES_SUPPORTED_BY_KUBELET
+from vgpu import quantity
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dra"
 ORDER = ["p5-extended-resources-czdbl", "p1-gpu-b26hm", "p2-gpu-t762l", "p4-gpu-7nq4r", "p3-gpu-wnvfv"]
@@ -131,7 +132,8 @@ def test_the_kubelet_stand_in_speaks_as_the_real_kubelet() -> None:
             else dra_pb2.NodeUnprepareResourcesResponse
         )
         ParseDict(c["response"], msg())
-    # The kubelet also tries the DRA health service, which we do not serve (yet).
+    # The kubelet also tries the DRA health service, with an empty request (served since this
+    # recording: test_health.py).
     assert any(c["method"] == "/v1alpha1.DRAResourceHealth/NodeWatchResources" for c in calls())
 
 

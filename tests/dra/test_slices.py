@@ -13,19 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_plugin.dra import claims, quantity, slices
-from device_plugin.dra.inventory import GPU
+from device_plugin.dra import claims, slices
 from tests.dra.conftest import GIB, NODE, gpus, make_cfg
+from tests.dra.support import node_core
 from tests.packaging import k8svalidate
 from tests.support import draallocator, resourcevalidation
+from vgpu import quantity
+from vgpu.nvml import GPUInfo
 
 MIB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def _client_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(k8svalidate.MODELS, ("resource.k8s.io/v1", "ResourceSlice"), "V1ResourceSlice")
-    monkeypatch.setitem(k8svalidate.MODELS, ("resource.k8s.io/v1", "DeviceClass"), "V1DeviceClass")
 
 
 def both(obj: dict) -> list[str]:
@@ -121,7 +117,7 @@ def test_any_gpu_and_settings_give_valid_slices(
 
 
 def test_128_devices_per_slice_and_long_node_names(tmp_path: Path) -> None:
-    many = [GPU(index=i, uuid=f"GPU-{i}", product_name="x", memory_total=GIB) for i in range(130)]
+    many = [GPUInfo(i, f"GPU-{i}", "x", GIB, None, None) for i in range(130)]
     out = slices.build("n" * 250, many, make_cfg(tmp_path), generation=2)
     assert [len(s["spec"]["devices"]) for s in out] == [128, 2]
     assert all(s["spec"]["pool"]["resourceSliceCount"] == 2 for s in out)
@@ -130,12 +126,14 @@ def test_128_devices_per_slice_and_long_node_names(tmp_path: Path) -> None:
 
 
 def test_unhealthy_gpus_are_withdrawn(tmp_path: Path) -> None:
-    from dataclasses import replace
-
+    cfg = make_cfg(tmp_path)
     g = gpus(2)
-    [s] = slices.build(NODE, [g[0], replace(g[1], healthy=False)], make_cfg(tmp_path), generation=1)
+    core = node_core(cfg, g)
+    core.table.mark_unhealthy(g[1].uuid, "xid 79")
+    [s] = slices.build(NODE, core.healthy_gpus(), cfg, generation=1)
     assert [d["name"] for d in s["spec"]["devices"]] == ["gpu-0"]
-    [empty] = slices.build(NODE, [replace(x, healthy=False) for x in g], make_cfg(tmp_path), generation=1)
+    core.table.mark_unhealthy(g[0].uuid, "lost")
+    [empty] = slices.build(NODE, core.healthy_gpus(), cfg, generation=1)
     assert "devices" not in empty["spec"] and resourcevalidation.validate(empty) == []
 
 

@@ -244,3 +244,78 @@ def test_uninstall_removes_what_an_install_killed_half_way_left(tmp_path: Path) 
     (prefix / "bin" / ("vgpu-hook" + files.TMP_SUFFIX)).write_text("#!/bin/sh\n")
     setup.uninstall(opts)
     assert _entries(host) == before
+
+
+# --- --library-only (DRA nodes) -----------------------------------------------------------------
+
+
+def _library_only(tmp: Path, host: Path, data: bytes = b"\x7fELF not really") -> setup.Options:
+    lib = tmp / "libvgpu.so"
+    lib.write_bytes(data)
+    return setup.Options(host_root=str(host), library_source=str(lib), library_only=True)
+
+
+def test_library_only_places_the_library_alone_and_uninstall_restores_the_host(tmp_path: Path) -> None:
+    """No host python3 needed, containerd's config untouched, the library under the prefix."""
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    shutil.copy(
+        traces.path("nvidia-toolkit/bases/containerd-1.6.20-config-default.toml"), host / "etc/containerd/config.toml"
+    )
+    before = _entries(host)
+    opts = _library_only(tmp_path, host)
+    lines = setup.install(opts)
+    assert "vgpu-node-setup: library only (DRA): no hook, containerd's configuration untouched" in lines
+    prefix = host / "usr/local/vgpu"
+    assert (prefix / "lib/libvgpu.so").read_bytes() == b"\x7fELF not really"
+    added = set(_entries(host)) - set(before)
+    name = os.readlink(prefix / "lib/libvgpu.so")
+    assert added == {"usr", "usr/local", "usr/local/vgpu", "usr/local/vgpu/lib", "usr/local/vgpu/node-setup.json",
+                     "usr/local/vgpu/lib/libvgpu.so", f"usr/local/vgpu/lib/{name}"}  # fmt: skip
+    assert {k: v for k, v in _entries(host).items() if k in before} == before  # containerd's files as they were
+    code, report = setup.status(opts)
+    assert code == 0 and report["library_only"] is True and report["problems"] == []
+    assert setup.install(opts)[0] == "vgpu-node-setup: /usr/local/vgpu on the host: unchanged"
+    # a new library: swapped by link, the old one kept for processes that mapped it
+    opts2 = _library_only(tmp_path, host, b"\x7fELF newer")
+    setup.install(opts2)
+    assert (prefix / "lib/libvgpu.so").read_bytes() == b"\x7fELF newer"
+    assert (prefix / "lib" / name).exists()
+    lines = setup.uninstall(setup.Options(host_root=str(host)))  # the manifest says library-only
+    assert "vgpu-node-setup: removed /usr/local/vgpu from the host" in lines
+    assert _entries(host) == before
+
+
+def test_library_only_over_a_full_install_renews_the_library_and_uninstall_removes_all(tmp_path: Path) -> None:
+    """A node that ran the device plugin, switched to DRA: the library is renewed, the hook and
+    containerd's handler stay until uninstall, which removes them too."""
+    host = _host(tmp_path)
+    before = _entries(host)
+    full = _opts(tmp_path, host)
+    setup.install(full)
+    prefix = host / "usr/local/vgpu"
+    assert (prefix / "bin/vgpu-hook").exists()
+    (tmp_path / "dra").mkdir()
+    lines = setup.install(_library_only(tmp_path / "dra", host, b"\x7fELF for dra"))
+    assert lines[-1].endswith(
+        "the hook and containerd handler of an earlier full install stay (uninstall removes them)"
+    )
+    assert (prefix / "lib/libvgpu.so").read_bytes() == b"\x7fELF for dra"
+    assert (prefix / "bin/vgpu-hook").exists() and setup.status(full)[0] == 0
+    setup.uninstall(full)
+    assert _entries(host) == before
+
+
+def test_library_only_from_the_command_line(tmp_path: Path) -> None:
+    from node_setup.__main__ import main
+
+    host = tmp_path / "host"
+    host.mkdir()
+    lib = tmp_path / "libvgpu.so"
+    lib.write_bytes(b"\x7fELF cli")
+    args = ["--host-root", str(host), "--library-source", str(lib), "--library-only"]
+    assert main(["install", *args]) == 0
+    assert (host / "usr/local/vgpu/lib/libvgpu.so").read_bytes() == b"\x7fELF cli"
+    assert main(["status", *args]) == 0
+    assert main(["uninstall", *args]) == 0
+    assert list(host.iterdir()) == []

@@ -26,6 +26,9 @@ MODELS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
     ("node.k8s.io/v1", "RuntimeClass"): "V1RuntimeClass",
     ("batch/v1", "Job"): "V1Job",
+    ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
+    ("resource.k8s.io/v1", "ResourceSlice"): "V1ResourceSlice",
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
 }
 
 

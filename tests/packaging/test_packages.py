@@ -37,7 +37,7 @@ pytestmark = [
 ]
 
 UNITS = ("vgpu-device-plugin.service", "vgpu-monitor.service")
-COMMANDS = ("vgpu-hook", "vgpu-device-plugin", "vgpu-monitor", "vgpuctl")
+COMMANDS = ("vgpu-hook", "vgpu-device-plugin", "vgpu-dra-plugin", "vgpu-monitor", "vgpuctl")
 
 
 @dataclass
@@ -107,6 +107,7 @@ def test_deb_contents(packages: pkgbuild.Packages) -> None:
         "/etc/vgpu/config.toml",
         "/usr/lib/systemd/system/vgpu-device-plugin.service",
         "/usr/lib/systemd/system/vgpu-monitor.service",
+        "/usr/lib/systemd/system/vgpu-dra-plugin.service",
         "/usr/share/vgpu/helm/k8s-vgpu/Chart.yaml",
         "/usr/share/vgpu/grafana/k8s-vgpu-dashboard.json",
         "/usr/share/vgpu/prometheus/k8s-vgpu-rules.yaml",
@@ -168,11 +169,14 @@ def test_installs_into_a_clean_debian_root(installed: Path) -> None:
     wants = root / "etc/systemd/system/multi-user.target.wants"
     for unit in UNITS:
         assert (wants / unit).is_symlink(), f"{unit} not enabled"
+    # one front end per node: the DRA plugin's unit is shipped, not enabled
+    assert not (wants / "vgpu-dra-plugin.service").exists()
+    assert "--driver-name" in pkgbuild.chroot(root, "vgpu-dra-plugin", "--help").stdout
     assert root.joinpath("usr/lib/vgpu/libvgpu.so").stat().st_size > 0
 
 
 def test_systemd_units_verify(installed: Path) -> None:
-    units = [f"/usr/lib/systemd/system/{u}" for u in UNITS]
+    units = [f"/usr/lib/systemd/system/{u}" for u in (*UNITS, "vgpu-dra-plugin.service")]
     r = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", f"--root={installed}", *units],
         capture_output=True,
@@ -186,6 +190,8 @@ def test_systemd_units_verify(installed: Path) -> None:
     assert "Restart=always" in plugin
     # ready (serving) before the kubelet starts: registered before the kubelet re-admits pods
     assert "Type=notify" in plugin and "Before=kubelet.service" in plugin
+    dra = (installed / "usr/lib/systemd/system/vgpu-dra-plugin.service").read_text()
+    assert "Restart=always" in dra and "Conflicts=vgpu-device-plugin.service" in dra
 
 
 def test_installed_daemons_run_on_the_simulated_gpu(installed: Path, build_dir: Path) -> None:

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import uuid as uuidlib
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
-from device_plugin.dra import quantity
+from vgpu import quantity
+
+
+def _exact(text: str) -> Fraction:
+    return quantity.exact(quantity.parse(text))
 
 
 def consumed(requested: str | None, cap: dict[str, Any]) -> str:
@@ -32,7 +37,7 @@ def consumed(requested: str | None, cap: dict[str, Any]) -> str:
         return requested
     rng = policy.get("validRange")
     if rng is not None and rng.get("min") is not None:  # roundUpRange
-        req, lo = quantity.parse(requested), quantity.parse(rng["min"])
+        req, lo = _exact(requested), _exact(rng["min"])
         if req < lo:
             return str(rng["min"])
         if rng.get("step") is None:
@@ -44,9 +49,9 @@ def consumed(requested: str | None, cap: dict[str, Any]) -> str:
         return quantity.format_binary(m + s * n)
     values = policy.get("validValues")
     if values is not None:  # roundUpValidValues
-        req = quantity.parse(requested)
+        req = _exact(requested)
         for v in values:
-            if req <= quantity.parse(v):
+            if req <= _exact(v):
                 return str(v)
     return requested
 
@@ -55,11 +60,11 @@ def violates(consumed_text: str, policy: dict[str, Any] | None) -> bool:
     """violatesPolicy."""
     if policy is None:
         return False
-    if policy.get("default") is not None and quantity.parse(consumed_text) == quantity.parse(policy["default"]):
+    if policy.get("default") is not None and _exact(consumed_text) == _exact(policy["default"]):
         return False
     rng = policy.get("validRange")
     if rng is not None:
-        if rng.get("max") is not None and quantity.parse(consumed_text) > quantity.parse(rng["max"]):
+        if rng.get("max") is not None and _exact(consumed_text) > _exact(rng["max"]):
             return True
         if rng.get("step") is not None:
             r, s, m = quantity.value(consumed_text), quantity.value(rng["step"]), quantity.value(rng["min"])
@@ -67,7 +72,7 @@ def violates(consumed_text: str, policy: dict[str, Any] | None) -> bool:
         return False
     values = policy.get("validValues")
     if values:
-        return not any(quantity.parse(consumed_text) == quantity.parse(v) for v in values)
+        return not any(_exact(consumed_text) == _exact(v) for v in values)
     return False
 
 
@@ -92,7 +97,7 @@ def fits(dev: Device, requests: dict[str, str]) -> dict[str, str] | None:
         text = consumed(requests.get(name), cap)
         if violates(text, cap.get("requestPolicy")):
             return None
-        if dev.used.get(name, 0) + quantity.parse(text) > quantity.parse(cap["value"]):
+        if dev.used.get(name, 0) + _exact(text) > _exact(cap["value"]):
             return None
         out[name] = text
     return out
@@ -117,7 +122,7 @@ class Allocator:
             if got is None:
                 continue
             for k, v in got.items():
-                dev.used[k] = dev.used.get(k, 0) + quantity.parse(v)
+                dev.used[k] = dev.used.get(k, 0) + _exact(v)
             return {
                 "request": request,
                 "driver": self.driver,

@@ -63,8 +63,13 @@ KINDS: dict[str, tuple[str, str]] = {
     "configmaps": ("ConfigMap", "v1"),
     "secrets": ("Secret", "v1"),
     "leases": ("Lease", "coordination.k8s.io/v1"),
+    # DRA (resource.k8s.io/v1, staging/src/k8s.io/api/resource/v1/types.go): ResourceClaim is
+    # namespaced; ResourceSlice and DeviceClass are `+genclient:nonNamespaced`.
+    "resourceclaims": ("ResourceClaim", "resource.k8s.io/v1"),
+    "resourceslices": ("ResourceSlice", "resource.k8s.io/v1"),
+    "deviceclasses": ("DeviceClass", "resource.k8s.io/v1"),
 }
-CLUSTER_SCOPED = {"nodes", "namespaces"}
+CLUSTER_SCOPED = {"nodes", "namespaces", "resourceslices", "deviceclasses"}
 
 
 def now_rfc3339() -> str:

@@ -20,7 +20,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from device_plugin.dra import quantity
+from vgpu import quantity
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -64,7 +64,7 @@ def _driver_name(s: Any, path: str, errs: list[str]) -> None:
 
 def _qty(v: Any, path: str, errs: list[str]) -> Fraction | None:
     try:
-        return quantity.parse(v)
+        return quantity.exact(quantity.parse(v))
     except (quantity.QuantityError, TypeError):
         errs.append(f"{path}: Invalid value: {v!r}: not a quantity")
         return None

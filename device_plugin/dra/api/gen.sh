@@ -7,4 +7,4 @@ py="${1:-$root/.venv/bin/python}"
 cd "$root"
 "$py" -m grpc_tools.protoc -I . \
   --python_out=. --pyi_out=. --grpc_python_out=. \
-  device_plugin/dra/api/dra.proto device_plugin/dra/api/pluginregistration.proto
+  device_plugin/dra/api/dra.proto device_plugin/dra/api/pluginregistration.proto device_plugin/dra/api/health.proto
