@@ -111,7 +111,18 @@ def test_paths_behaves_as_the_frozen_dataclass_it_was() -> None:
     p = vpaths.Paths("/s")
     assert p == vpaths.Paths(state_dir="/s") and p != vpaths.Paths("/t") and p != "/s"
     assert hash(p) == hash(vpaths.Paths("/s"))
-    assert repr(p) == "Paths(state_dir='/s')" and vpaths.Paths().state_dir == vpaths.DEFAULT_STATE_DIR
+    assert vpaths.Paths().state_dir == vpaths.DEFAULT_STATE_DIR and p.run_dir == ""
+    assert p != vpaths.Paths("/s", "/run/vgpu") and vpaths.Paths("/s", "/r") == vpaths.Paths(
+        state_dir="/s", run_dir="/r"
+    )
+
+    @dataclasses.dataclass(frozen=True)
+    class Paths:  # what it was, with the run_dir the DRA plugin's claims added
+        state_dir: str = vpaths.DEFAULT_STATE_DIR
+        run_dir: str = ""
+
+    for args in (("/s",), ("/s", "/r")):
+        assert repr(vpaths.Paths(*args)) == repr(Paths(*args)).split("<locals>.")[-1]
     assert pickle.loads(pickle.dumps(p)) == p == copy.deepcopy(p)
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.state_dir = "/t"  # type: ignore[misc]
