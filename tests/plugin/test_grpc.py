@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from tests.plugin.conftest import GiB, InProc, synthetic_gpus
-from tests.support.kubelet import ContainerSpec, FakeKubelet
+from tests.support.kubelet import READMIT_AFTER_S, ContainerSpec, FakeKubelet
 from vgpu.paths import valid_token
 from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV, read_record
 
@@ -318,6 +318,23 @@ def test_kubelet_restart_keeps_init_container_pods(kubelet: FakeKubelet, inproc)
     assert {c: x.envs[TOKEN_ENV] for c, x in again.items()} == {c: x.envs[TOKEN_ENV] for c, x in a.items()}
     for x in a.values():
         assert os.path.exists(p.state.allocation_record(x.envs[TOKEN_ENV]))
+
+
+def test_kubelet_sock_accepting_late_still_keeps_init_container_pods(kubelet: FakeKubelet, inproc) -> None:
+    """The real kubelet's kubelet.sock exists (bind) before it accepts (listen): on the real
+    kubelet v1.36.2 under load the plugin, woken by the file, had its connect refused 32 ms
+    after the file appeared, and gRPC's reconnect backoff (1 s +-20 %) registered it 1.01 s
+    after - after the kubelet re-admitted its pods (0.84 s), rejecting the init-container pod.
+    A refused Register is retried at once, so the plugin is back well before re-admission."""
+    inproc(record_gc_grace_s=0.0, record_gc_interval_s=3600)
+    kubelet.wait_endpoint()
+    kubelet.admit_pod("default", "job", [ContainerSpec("app", 1)], [ContainerSpec("init", 1)])
+    t0 = kubelet.restart(listen_after_s=0.3)
+    kubelet.wait_registration(count=2, timeout=20)
+    assert kubelet.listened_at - t0 >= 0.25  # nothing was accepted before
+    # re-admission when the real kubelet does it, whether the plugin is back or not
+    time.sleep(max(0.0, t0 + READMIT_AFTER_S - time.monotonic()))
+    assert kubelet.readmit().rejected == []
 
 
 def test_crashed_server_and_lost_socket_are_restarted(

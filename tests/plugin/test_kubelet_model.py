@@ -340,3 +340,33 @@ def test_kubelet_cleans_only_sockets_from_the_plugin_dir(tmp_path: Path) -> None
     s.close()
     with FakeKubelet(tmp_path / "kubelet"):
         assert sorted(os.listdir(d)) == ["DEPRECATION", "kubelet.sock", "sub"]
+
+
+def test_kubelet_sock_exists_before_it_accepts(tmp_path: Path) -> None:
+    """plugin/v1beta1/server.go `Start`: `net.Listen("unix", ...)` binds - kubelet.sock appears -
+    and then listens (Go net/sock_posix.go `listenStream`); a connect in between is refused (seen
+    on the real kubelet: a plugin's connect refused 32 ms after the file appeared). The stand-in
+    stretches that moment with `listen_after_s`; once it listens a plugin registers through it."""
+    import socket
+    import stat
+    import time
+
+    kubelet = FakeKubelet(tmp_path / "kubelet").start(listen_after_s=1.0)
+    plugin = None
+    try:
+        assert stat.S_ISSOCK(os.stat(kubelet.socket_path).st_mode)
+        with socket.socket(socket.AF_UNIX) as s, pytest.raises(ConnectionRefusedError):
+            s.connect(kubelet.socket_path)
+        assert kubelet.listened_at == 0
+        deadline = time.monotonic() + 10
+        while not kubelet.listened_at:
+            assert time.monotonic() < deadline, "kubelet.sock never listened"
+            time.sleep(0.02)
+        assert kubelet.listened_at - kubelet.socket_created_at >= 0.9
+        plugin = Plugin(kubelet, RecordingPlugin(_recorded_preferred()))
+        assert [r.endpoint for r in kubelet.registrations] == ["vgpu-rec.sock"]
+        assert len(kubelet.endpoint(RES).devices()) == len(_devices())
+    finally:
+        if plugin is not None:
+            plugin.close()
+        kubelet.stop()

@@ -45,7 +45,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import socket
 import stat
+import tempfile
 import threading
 import time
 import uuid
@@ -375,6 +378,88 @@ def _valid_resource_name(name: str) -> bool:
     )
 
 
+class _LateListener:
+    """kubelet.sock as the real kubelet makes it: the file exists (bound) before the socket
+    listens. Go's `net.Listen("unix", ...)` (plugin/v1beta1/server.go `Start`) is socket(2),
+    bind(2) - the file appears, inotify reports it - then listen(2) (net/sock_posix.go
+    `listenStream`); a connect between the two is refused (ECONNREFUSED). Recorded on the real
+    kubelet v1.36.2 under CPU load: our plugin's connect refused 32 ms after the file appeared
+    (docs/device-plugin.md, "Verified on the real kubelet"). Here bind happens at once and listen
+    `listen_after_s` later; accepted connections are relayed byte for byte to the gRPC server,
+    which serves a private socket outside the watched directory."""
+
+    def __init__(self, path: str, listen_after_s: float) -> None:
+        self.path = path
+        self._dir = tempfile.mkdtemp(prefix="kl-")  # short: sun_path holds 108 bytes
+        self.inner_path = os.path.join(self._dir, "grpc.sock")
+        self.bound_at = self.listened_at = 0.0
+        self._delay = listen_after_s
+        self._closed = threading.Event()
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def bind(self) -> None:
+        self._sock.bind(self.path)
+        self.bound_at = time.monotonic()
+        threading.Thread(target=self._serve, name="kubelet-late-listen", daemon=True).start()
+
+    def _serve(self) -> None:
+        if self._closed.wait(self._delay):
+            return
+        try:
+            self._sock.listen(64)
+        except OSError:
+            return
+        self.listened_at = time.monotonic()
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            inner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                inner.connect(self.inner_path)
+            except OSError:
+                conn.close()
+                inner.close()
+                continue
+            with self._lock:
+                self._conns += [conn, inner]
+            for a, b in ((conn, inner), (inner, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            try:
+                s.shutdown(how)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
 class FakeKubelet:
     """The stand-in. `root` plays /var/lib/kubelet (pass it as --kubelet-dir)."""
 
@@ -407,25 +492,44 @@ class FakeKubelet:
         self._server: grpc.Server | None = None
         self._pr_server: grpc.Server | None = None
         self._readmit_timer: threading.Timer | None = None
+        self._late: _LateListener | None = None
+        self._listened_at = 0.0
 
     # --- life cycle -----------------------------------------------------------
-    def start(self) -> FakeKubelet:
+    def start(self, *, listen_after_s: float = 0.0) -> FakeKubelet:
         """Start as kubelet does (manager.go `Start`, plugin/v1beta1/server.go `Start`): read the
         checkpoint, make the dir, remove the plugin sockets in it, serve kubelet.sock (and
-        PodResources)."""
+        PodResources). `listen_after_s`: kubelet.sock exists that long before it accepts
+        connections (`_LateListener`: the real kubelet's bind-then-listen, stretched)."""
         self._read_checkpoint()
         os.makedirs(self.device_plugins_dir, mode=0o750, exist_ok=True)
         self._cleanup_plugin_dir()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet"))
         dp_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
-            raise OSError(f"cannot bind {self.socket_path}")
-        self.socket_created_at = time.monotonic()  # the file exists from here on
-        server.start()
+        late = _LateListener(self.socket_path, listen_after_s) if listen_after_s > 0 else None
+        address = late.inner_path if late is not None else self.socket_path
+        if server.add_insecure_port(f"unix://{address}") == 0:
+            if late is not None:
+                late.close()
+            raise OSError(f"cannot bind {address}")
+        if late is not None:
+            server.start()
+            late.bind()
+            self.socket_created_at = late.bound_at  # the file exists from here on
+            self._late = late
+        else:
+            self.socket_created_at = time.monotonic()  # the file exists from here on
+            server.start()
+            self._listened_at = self.socket_created_at
         self._server = server
         if self._with_pod_resources and self._pr_server is None:
             self.start_pod_resources()
         return self
+
+    @property
+    def listened_at(self) -> float:
+        """time.monotonic() when kubelet.sock began to accept connections (0 while it does not)."""
+        return self._late.listened_at if self._late is not None else self._listened_at
 
     def start_pod_resources(self) -> None:
         """Serve PodResources v1 on <root>/pod-resources/kubelet.sock."""
@@ -458,6 +562,10 @@ class FakeKubelet:
             self._endpoints.clear()
         for ep in eps:
             ep.close()
+        if self._late is not None:
+            self._listened_at = self._late.listened_at
+            self._late.close()
+            self._late = None
         if self._server is not None:
             self._server.stop(0).wait(5)
             self._server = None
@@ -471,7 +579,9 @@ class FakeKubelet:
         except FileNotFoundError:
             pass
 
-    def restart(self, *, node_reboot: bool = False, readmit_after_s: float | None = None) -> float:
+    def restart(
+        self, *, node_reboot: bool = False, readmit_after_s: float | None = None, listen_after_s: float = 0.0
+    ) -> float:
         """Simulate a kubelet restart; returns the time.monotonic() at which kubelet.sock was created.
 
         Exactly kubelet's sequence: the old process's connections go away and its memory with
@@ -482,7 +592,8 @@ class FakeKubelet:
         after a kubelet restart their running containers still run, after a node reboot
         (`node_reboot`) none does. Pods are re-admitted by `readmit()` - by the caller, or on a
         timer `readmit_after_s` after kubelet.sock appears as the real kubelet does
-        (`READMIT_AFTER_S` in the recording).
+        (`READMIT_AFTER_S` in the recording). `listen_after_s`: kubelet.sock exists that long
+        before it accepts connections (see `start`).
         """
         self._stop_registration()
         with self._cond:
@@ -495,7 +606,7 @@ class FakeKubelet:
             if node_reboot:
                 for p in self._pods.values():
                     p.running.clear()
-        self.start()
+        self.start(listen_after_s=listen_after_s)
         if readmit_after_s is not None:
             self._readmit_timer = threading.Timer(readmit_after_s, self.readmit)
             self._readmit_timer.daemon = True
