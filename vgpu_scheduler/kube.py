@@ -22,7 +22,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -321,25 +321,30 @@ class Transport:
                 c.sock.settimeout(read_timeout)
                 if status != 200:
                     raise _failure(status, c.body(headers))
-                pending = b""
                 if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
                     source: Iterator[bytes] = c.chunks()
                 else:
                     source = iter([c.body(headers)])
-                for data in source:
-                    if pending:
-                        data = pending + data
-                    lines = data.split(b"\n")
-                    pending = lines.pop()
-                    for line in lines:
-                        if line.strip():
-                            yield line
-                if pending.strip():
-                    yield pending
+                yield from _lines(source)
             except OSError as e:
                 raise APIFailure(0, f"watch {path}: {type(e).__name__}: {e}") from None
         finally:
             c.close()
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The non-blank lines of a watch stream (one JSON event per line), however it is chunked."""
+    pending = b""
+    for data in chunks:
+        if pending:
+            data = pending + data
+        lines = data.split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
 
 
 class _PoolTransport:
@@ -387,16 +392,7 @@ class _PoolTransport:
         try:
             if r.status != 200:
                 raise _failure(int(r.status), r.read())
-            pending = b""
-            for data in r.stream(1 << 16, decode_content=False):
-                data = pending + data
-                lines = data.split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    if line.strip():
-                        yield line
-            if pending.strip():
-                yield pending
+            yield from _lines(r.stream(1 << 16, decode_content=False))
         except APIFailure:
             raise
         except Exception as e:
