@@ -22,7 +22,7 @@ plugin advertises the node's totals in the Node's status, the webhook adds the c
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -177,37 +177,37 @@ def encode(obj: msgspec.Struct | list[str]) -> str:
     return _encoder.encode(obj).decode()
 
 
+class _Versioned(Protocol):
+    version: int
+
+
+_V = TypeVar("_V", bound=_Versioned)
+
+
+def _decode_versioned(decoder: msgspec.json.Decoder[_V], text: str | bytes, annotation: str, version: int) -> _V:
+    """Parse an annotation's document; ContractError when invalid or of another version."""
+    try:
+        doc = decoder.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ContractError(f"{annotation}: {e}") from None
+    if doc.version != version:
+        raise ContractError(f"{annotation}: version {doc.version}, expected {version}")
+    return doc
+
+
 def decode_inventory(text: str | bytes) -> NodeInventory:
     """Parse a node-inventory annotation; ContractError when it is not a version-2 inventory."""
-    try:
-        inv = _inventory_decoder.decode(text)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise ContractError(f"{INVENTORY_ANNOTATION}: {e}") from None
-    if inv.version != INVENTORY_VERSION:
-        raise ContractError(f"{INVENTORY_ANNOTATION}: version {inv.version}, expected {INVENTORY_VERSION}")
-    return inv
+    return _decode_versioned(_inventory_decoder, text, INVENTORY_ANNOTATION, INVENTORY_VERSION)
 
 
 def decode_decision(text: str | bytes) -> Decision:
     """Parse a decision annotation; ContractError when invalid or of another version."""
-    try:
-        d = _decision_decoder.decode(text)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise ContractError(f"{DECISION_ANNOTATION}: {e}") from None
-    if d.version != DECISION_VERSION:
-        raise ContractError(f"{DECISION_ANNOTATION}: version {d.version}, expected {DECISION_VERSION}")
-    return d
+    return _decode_versioned(_decision_decoder, text, DECISION_ANNOTATION, DECISION_VERSION)
 
 
 def decode_usage(text: str | bytes) -> NodeUsage:
     """Parse a node-usage annotation; ContractError when it is not a version-1 document."""
-    try:
-        u = _usage_decoder.decode(text)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise ContractError(f"{USAGE_ANNOTATION}: {e}") from None
-    if u.version != USAGE_VERSION:
-        raise ContractError(f"{USAGE_ANNOTATION}: version {u.version}, expected {USAGE_VERSION}")
-    return u
+    return _decode_versioned(_usage_decoder, text, USAGE_ANNOTATION, USAGE_VERSION)
 
 
 def decode_allocated(text: str | bytes | None) -> list[str]:
