@@ -18,6 +18,7 @@ import os
 import stat
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -110,6 +111,29 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
+def _is_real_dir(path: str) -> bool:
+    """A directory itself: never follow a symlink out of the state or claims dir."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _recheck(c: Container, metadata_file: str, loaded: bool, load: Callable[[Container], None]) -> None:
+    """Metadata and limits are written once, at prestart or prepare (atomically: a rename, which
+    changes the directory's mtime): re-check them when the directory changed, while they are
+    incomplete, and every RECHECK_S anyway; `load` them again when either file changed."""
+    now = time.monotonic()
+    dir_mtime = _mtime(c.dir)
+    if not loaded or not c.limits or dir_mtime != c.dir_mtime or now - c.checked_at >= RECHECK_S:
+        c.checked_at = now
+        c.dir_mtime = dir_mtime
+        stamp = (_mtime(os.path.join(c.dir, metadata_file)), _mtime(os.path.join(c.dir, vpaths.LIMITS_FILE)))
+        if stamp != c.stamp:
+            load(c)
+            c.stamp = stamp
+
+
 class Registry:
     def __init__(self, paths: vpaths.Paths) -> None:
         self.paths = paths
@@ -128,26 +152,11 @@ class Registry:
             d = os.path.join(root, name)
             c = self.containers.get(name)
             if c is None:
-                try:
-                    st = os.lstat(d)
-                except OSError:
-                    continue
-                if not stat.S_ISDIR(st.st_mode):  # never follow a symlink out of the state dir
+                if not _is_real_dir(d):
                     continue
                 c = self.containers[name] = Container(id=name, dir=d)
             seen.add(name)
-            # metadata and limits are written once, at prestart (atomically: a rename, which
-            # changes the directory's mtime): re-check them when the directory changed, while
-            # they are incomplete, and every RECHECK_S anyway
-            now = time.monotonic()
-            dir_mtime = _mtime(d)
-            if c.metadata is None or not c.limits or dir_mtime != c.dir_mtime or now - c.checked_at >= RECHECK_S:
-                c.checked_at = now
-                c.dir_mtime = dir_mtime
-                stamp = (_mtime(os.path.join(d, vpaths.METADATA_FILE)), _mtime(os.path.join(d, vpaths.LIMITS_FILE)))
-                if stamp != c.stamp:
-                    self._load(c)
-                    c.stamp = stamp
+            _recheck(c, vpaths.METADATA_FILE, c.metadata is not None, self._load)
         self._scan_claims(seen)
         for name in list(self.containers):
             if name not in seen:
@@ -169,25 +178,10 @@ class Registry:
             d = os.path.join(root, name)
             c = self.containers.get(cid)
             if c is None:
-                try:
-                    st = os.lstat(d)
-                except OSError:
-                    continue
-                if not stat.S_ISDIR(st.st_mode):  # never follow a symlink out of the claims dir
+                if not _is_real_dir(d):
                     continue
                 c = Container(id=cid, dir=d, kind="claim")
-            now = time.monotonic()
-            dir_mtime = _mtime(d)
-            if c.claim is None or not c.limits or dir_mtime != c.dir_mtime or now - c.checked_at >= RECHECK_S:
-                c.checked_at = now
-                c.dir_mtime = dir_mtime
-                stamp = (
-                    _mtime(os.path.join(d, vpaths.CLAIM_METADATA_FILE)),
-                    _mtime(os.path.join(d, vpaths.LIMITS_FILE)),
-                )
-                if stamp != c.stamp:
-                    self._load_claim(c)
-                    c.stamp = stamp
+            _recheck(c, vpaths.CLAIM_METADATA_FILE, c.claim is not None, self._load_claim)
             if c.claim is None:
                 continue  # not made yet (or unreadable: logged)
             self.containers[cid] = c
