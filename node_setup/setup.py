@@ -233,9 +233,8 @@ def restart_containerd(opts: Options) -> None:
         raise SetupError(f"{' '.join(cmd)} failed: {r.stderr.strip()[:300]}")
 
 
-def _place_library(opts: Options, old: Manifest | None, rec: files.Recorder) -> tuple[str, str | None, list[str]]:
-    """libvgpu.so under the prefix: a versioned file, then the link swap (a process that mapped
-    the old one keeps its inode). Returns (name, previous name, what changed)."""
+def _read_library(opts: Options, old: Manifest | None) -> tuple[bytes, str, str | None]:
+    """libvgpu.so's bytes, its versioned name under the prefix, and the previous name to keep."""
     lib_src = Path(opts.library_source)
     try:
         lib_data = lib_src.read_bytes()
@@ -243,14 +242,19 @@ def _place_library(opts: Options, old: Manifest | None, rec: files.Recorder) -> 
         raise SetupError(f"cannot read {lib_src}: {e.strerror}") from None
     lib_name = f"libvgpu-{files.sha256_bytes(lib_data)[:16]}.so"
     prev_lib = old.library if old and old.library != lib_name else (old.library_previous if old else None)
-    prefix = _host(opts, opts.prefix)
+    return lib_data, lib_name, prev_lib
+
+
+def _put_library(prefix: Path, lib_data: bytes, lib_name: str, prev_lib: str | None) -> list[str]:
+    """A versioned file, then the link swap (a process that mapped the old one keeps its inode);
+    other versions pruned. Returns what changed."""
     changed: list[str] = []
     if files.write_atomic(prefix / "lib" / lib_name, lib_data, 0o644):
         changed.append(f"lib/{lib_name}")
     if files.symlink_atomic(prefix / LIBRARY_LINK, lib_name):
         changed.append(LIBRARY_LINK)
     files.prune(prefix / "lib", {lib_name, *([prev_lib] if prev_lib else [])}, "libvgpu-")
-    return lib_name, prev_lib, changed
+    return changed
 
 
 def install_library_only(opts: Options) -> list[str]:
@@ -259,8 +263,8 @@ def install_library_only(opts: Options) -> list[str]:
     containerd's handler stay until `uninstall`, which removes them as the manifest says."""
     old = _load_manifest(opts)
     if old is not None and not old.library_only:
-        rec = files.Recorder([str(_host(opts, d)) for d in old.created_dirs])
-        lib_name, prev_lib, changed = _place_library(opts, old, rec)
+        lib_data, lib_name, prev_lib = _read_library(opts, old)
+        changed = _put_library(_host(opts, opts.prefix), lib_data, lib_name, prev_lib)
         old.library, old.library_previous = lib_name, prev_lib
         _write_manifest(_host(opts, opts.prefix), old)
         return [
@@ -285,7 +289,8 @@ def install_library_only(opts: Options) -> list[str]:
 
     prev_lib = old.library_previous if old else None
     _write_manifest(prefix, manifest(complete=False))  # before the first file (see install)
-    lib_name, prev_lib, changed = _place_library(opts, old, rec)
+    lib_data, lib_name, prev_lib = _read_library(opts, old)
+    changed = _put_library(prefix, lib_data, lib_name, prev_lib)
     _write_manifest(prefix, manifest(complete=True))
     return [
         f"vgpu-node-setup: {opts.prefix} on the host: " + (", ".join(changed) if changed else "unchanged"),
@@ -299,14 +304,8 @@ def install(opts: Options) -> list[str]:
         return install_library_only(opts)
     python, ver = hostpython.find(opts.host_root, opts.python)
     src_root, rels = hook_sources()
-    lib_src = Path(opts.library_source)
-    try:
-        lib_data = lib_src.read_bytes()
-    except OSError as e:
-        raise SetupError(f"cannot read {lib_src}: {e.strerror}") from None
     old = _load_manifest(opts)
-    lib_name = f"libvgpu-{files.sha256_bytes(lib_data)[:16]}.so"
-    prev_lib = old.library if old and old.library != lib_name else (old.library_previous if old else None)
+    lib_data, lib_name, prev_lib = _read_library(opts, old)
     sources = [(rel, (src_root / rel).read_bytes()) for rel in rels]
     hook_name = files.tree_digest(sources)[:16]
     prev_hook = old.hook if old and old.hook and old.hook != hook_name else (old.hook_previous if old else None)
@@ -334,14 +333,7 @@ def install(opts: Options) -> list[str]:
     # Before the first file: what this install is about to make, so that an uninstall after an
     # interruption removes it (and the directories above) too.
     _write_manifest(prefix, manifest(complete=False))
-    changed: list[str] = []
-
-    # libvgpu.so: versioned file, then the link swap.
-    if files.write_atomic(prefix / "lib" / lib_name, lib_data, 0o644):
-        changed.append(f"lib/{lib_name}")
-    if files.symlink_atomic(prefix / LIBRARY_LINK, lib_name):
-        changed.append(LIBRARY_LINK)
-    files.prune(prefix / "lib", {lib_name, *([prev_lib] if prev_lib else [])}, "libvgpu-")
+    changed = _put_library(prefix, lib_data, lib_name, prev_lib)
 
     # The hook's Python files: a version directory, then the link swap.
     hook_dir = prefix / "hook" / hook_name
