@@ -247,3 +247,35 @@ class MonitorProc:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of the first sample of `name` in a Prometheus text scrape with these labels."""
+    for line in text.splitlines():
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(
+            f'{k}="{v}"' in line for k, v in labels.items()
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+class Monitors:
+    """The monitors a test starts on one state dir, each ready and its guardian adopted by
+    `procs` (so that teardown kills it by the PID we know); `stop_all` at teardown."""
+
+    def __init__(self, state_dir: Path, env: dict[str, str], procs: Procs) -> None:
+        self.state_dir, self.env, self.procs = state_dir, env, procs
+        self.started: list[MonitorProc] = []
+
+    def start(self, *flags: str) -> MonitorProc:
+        m = MonitorProc(self.state_dir, self.env, *flags, procs=self.procs)
+        m.wait_ready()
+        g = m.guardian_pid()
+        if g:
+            self.procs.adopt(g)
+        self.started.append(m)
+        return m
+
+    def stop_all(self) -> None:
+        for m in self.started:
+            m.stop()

@@ -20,7 +20,7 @@ import pytest
 from device_plugin.dra.claimstate import ClaimState, new_metadata
 from monitor.containers import Registry
 from monitor.mapping import Mapper
-from tests.monitor.helpers import MonitorProc, Procs, exec_ns, key, make_container, state, wait_for
+from tests.monitor.helpers import Monitors, Procs, exec_ns, key, make_container, metric, state, wait_for
 from vgpu import ctl, schemas
 from vgpu.paths import Paths
 
@@ -179,16 +179,7 @@ def test_process_mapped_by_the_region_in_its_root(tmp_path: Path, procs: Procs) 
 def node(fakegpu, tmp_path: Path, procs: Procs, build_dir: Path) -> Iterator:
     st = tmp_path / "state"
     paths = Paths(str(st))
-    monitors: list[MonitorProc] = []
-
-    def start_monitor(*flags: str) -> MonitorProc:
-        m = MonitorProc(st, fakegpu.env, *flags, procs=procs)
-        m.wait_ready()
-        g = m.guardian_pid()
-        if g:
-            procs.adopt(g)
-        monitors.append(m)
-        return m
+    monitors = Monitors(st, fakegpu.env, procs)
 
     def lib_env(claim_dir: Path) -> dict[str, str]:
         """A claim's container: our library preloaded, its limits and region (in a container the
@@ -202,19 +193,9 @@ def node(fakegpu, tmp_path: Path, procs: Procs, build_dir: Path) -> Iterator:
         return env
 
     try:
-        yield fakegpu, paths, start_monitor, lib_env
+        yield fakegpu, paths, monitors.start, lib_env
     finally:
-        for m in monitors:
-            m.stop()
-
-
-def _metric(text: str, name: str, **labels: str) -> float | None:
-    for line in text.splitlines():
-        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(
-            f'{k}="{v}"' in line for k, v in labels.items()
-        ):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+        monitors.stop_all()
 
 
 @pytest.mark.slow
@@ -233,13 +214,13 @@ def test_claim_held_to_its_cores_and_named_in_metrics_and_vgpuctl(node, procs: P
     assert wait_for(lambda: state(a1.pid) == "T" or state(a2.pid) == "T", 15)
     cid = "claim:" + UID_A
     lab = {"container_id": cid, "namespace": "team1", "pod": "trainer-0,trainer-1", "claim": "shared-gpu"}
-    assert wait_for(lambda: _metric(mon.scrape(), "vgpu_container_sm_share_percent", **lab, gpu="0") == 20, 10)
+    assert wait_for(lambda: metric(mon.scrape(), "vgpu_container_sm_share_percent", **lab, gpu="0") == 20, 10)
     text = mon.scrape()
-    assert _metric(text, "vgpu_container_memory_limit_bytes", **lab, gpu="0") == 4 * GIB
-    assert wait_for(lambda: (_metric(mon.scrape(), "vgpu_container_suspensions_total", **lab) or 0) >= 1, 10)
+    assert metric(text, "vgpu_container_memory_limit_bytes", **lab, gpu="0") == 4 * GIB
+    assert wait_for(lambda: (metric(mon.scrape(), "vgpu_container_suspensions_total", **lab) or 0) >= 1, 10)
     # the device-plugin container's series carry no claim
-    assert _metric(text, "vgpu_container_sm_share_percent", container_id="plugin-ctr", pod="p", gpu="0") == 80
-    assert _metric(text, "vgpu_container_sm_share_percent", container_id="plugin-ctr", claim="", gpu="0") == 80
+    assert metric(text, "vgpu_container_sm_share_percent", container_id="plugin-ctr", pod="p", gpu="0") == 80
+    assert metric(text, "vgpu_container_sm_share_percent", container_id="plugin-ctr", claim="", gpu="0") == 80
     # the claim's two processes together get about its 20 %, not 2 x 50 % of the GPU's rest
     time.sleep(2)
     before = exec_ns(fakegpu.state())
@@ -289,7 +270,7 @@ def test_memory_backstop_applies_to_claims(node, procs: Procs) -> None:
     assert hog.returncode == -signal.SIGKILL
     assert wait_for(
         lambda: (
-            _metric(
+            metric(
                 mon.scrape(),
                 "vgpu_container_backstop_actions_total",
                 container_id="claim:" + UID_A,
@@ -302,8 +283,7 @@ def test_memory_backstop_applies_to_claims(node, procs: Procs) -> None:
     )
     assert fits.poll() is None
     assert (
-        _metric(mon.scrape(), "vgpu_container_backstop_actions_total", container_id="claim:" + UID_B, action="kill")
-        == 0
+        metric(mon.scrape(), "vgpu_container_backstop_actions_total", container_id="claim:" + UID_B, action="kill") == 0
     )
 
 

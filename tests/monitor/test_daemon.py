@@ -9,21 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.monitor.helpers import Procs, ScriptedSource, make_container, state, wait_for
+from tests.monitor.helpers import Procs, ScriptedSource, make_container, metric, state, wait_for
 from vgpu import ctl
 
 pytestmark = pytest.mark.timeout(90)
 U0 = "GPU-00000000-0000-0000-0000-00000000000a"
 GIB = 1 << 30
-
-
-def _metric(text: str, name: str, **labels: str) -> float | None:
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def test_strict_shares_metrics_status_and_vgpuctl(tmp_path: Path, procs: Procs, run_monitor, capsys) -> None:
@@ -39,19 +30,19 @@ def test_strict_shares_metrics_status_and_vgpuctl(tmp_path: Path, procs: Procs, 
     time.sleep(4)
     text = r.scrape()
     lab = {"container_id": "ctr-a", "pod": "train-a", "namespace": "team1", "container": "main", "gpu": "0"}
-    assert _metric(text, "vgpu_container_memory_used_bytes", **lab) == 1 * GIB
-    assert _metric(text, "vgpu_container_memory_limit_bytes", **lab) == 4 * GIB
-    assert _metric(text, "vgpu_container_sm_share_percent", **lab) == 25
-    use_a = _metric(text, "vgpu_container_sm_use_percent", **lab)
+    assert metric(text, "vgpu_container_memory_used_bytes", **lab) == 1 * GIB
+    assert metric(text, "vgpu_container_memory_limit_bytes", **lab) == 4 * GIB
+    assert metric(text, "vgpu_container_sm_share_percent", **lab) == 25
+    use_a = metric(text, "vgpu_container_sm_use_percent", **lab)
     assert use_a is not None and 10 <= use_a <= 45, use_a
-    assert _metric(text, "vgpu_gpu_memory_total_bytes", gpu="0", uuid=U0) == 16 * GIB
-    assert (_metric(text, "vgpu_container_suspensions_total", container_id="ctr-a") or 0) >= 2
-    assert (_metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-a") or 0) > 0.2
-    sus_a = _metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-a") or 0
-    sus_b = _metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-b") or 0
+    assert metric(text, "vgpu_gpu_memory_total_bytes", gpu="0", uuid=U0) == 16 * GIB
+    assert (metric(text, "vgpu_container_suspensions_total", container_id="ctr-a") or 0) >= 2
+    assert (metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-a") or 0) > 0.2
+    sus_a = metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-a") or 0
+    sus_b = metric(text, "vgpu_container_suspended_seconds_total", container_id="ctr-b") or 0
     assert sus_b < sus_a
-    assert _metric(text, "vgpu_monitor_guardian_armed") == 1
-    assert (_metric(text, "vgpu_monitor_loop_duration_seconds_count") or 0) > 5
+    assert metric(text, "vgpu_monitor_guardian_armed") == 1
+    assert (metric(text, "vgpu_monitor_loop_duration_seconds_count") or 0) > 5
     # status file and vgpuctl
     status = json.loads(Path(r.mon.paths.status_path).read_text())
     assert status["running"] and status["gpus"][0]["uuid"] == U0
@@ -77,7 +68,7 @@ def test_gpu_loss_resumes_its_containers(tmp_path: Path, procs: Procs, run_monit
     while time.monotonic() < end:
         assert state(a.pid) != "T"
         time.sleep(0.01)
-    assert _metric(r.scrape(), "vgpu_gpu_up", uuid=U0) == 0
+    assert metric(r.scrape(), "vgpu_gpu_up", uuid=U0) == 0
     src.down.clear()
     assert wait_for(lambda: state(a.pid) == "T", 10)
 

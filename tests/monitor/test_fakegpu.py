@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from monitor import ledger
-from tests.monitor.helpers import Gated, MonitorProc, Procs, exec_ns, make_container, state, wait_for
+from tests.monitor.helpers import Gated, MonitorProc, Monitors, Procs, exec_ns, make_container, metric, state, wait_for
 from vgpu import ctl
 from vgpu import region as vregion
 
@@ -27,17 +27,8 @@ MIB = 1 << 20
 def node(fakegpu, tmp_path: Path, procs: Procs) -> Iterator:
     """(fakegpu, state dir, start_monitor(*flags), spawn(cid, share, argv, mem_limit, gpu))."""
     st = tmp_path / "state"
-    monitors: list[MonitorProc] = []
+    monitors = Monitors(st, fakegpu.env, procs)
     workers: list[Gated] = []
-
-    def start_monitor(*flags: str) -> MonitorProc:
-        m = MonitorProc(st, fakegpu.env, *flags, procs=procs)
-        m.wait_ready()
-        g = m.guardian_pid()
-        if g:
-            procs.adopt(g)
-        monitors.append(m)
-        return m
 
     def spawn(cid: str, share: int, argv: list[str], mem_limit: int = 8 * GIB, gpu: int = 0, release: bool = True):
         w = Gated(argv, fakegpu.env, procs)
@@ -48,10 +39,9 @@ def node(fakegpu, tmp_path: Path, procs: Procs) -> Iterator:
         return w
 
     try:
-        yield fakegpu, st, start_monitor, spawn
+        yield fakegpu, st, monitors.start, spawn
     finally:
-        for m in monitors:
-            m.stop()
+        monitors.stop_all()
         for w in workers:
             w.kill()
 
@@ -67,15 +57,6 @@ def measured_shares(fakegpu, pids: list[int], seconds: float) -> dict[int, float
     b = exec_ns(fakegpu.state())
     wall = (time.monotonic() - t0) * 1e9
     return {p: 100.0 * (b.get(p, 0) - a.get(p, 0)) / wall for p in pids}
-
-
-def metric(text: str, name: str, **labels: str) -> float | None:
-    for line in text.splitlines():
-        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(
-            f'{k}="{v}"' in line for k, v in labels.items()
-        ):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def _claim_slot(region_path: Path, index: int, pid: int, start: int, device_bytes: int) -> None:
