@@ -40,6 +40,15 @@ def make_rootfs(root: Path) -> Path:
     return root
 
 
+def make_cdi_rootfs(root: Path) -> Path:
+    """make_rootfs for a container that gets the host's C library from a CDI spec: the simulated
+    NVIDIA spec bind-mounts it at /usr/lib*, so /lib and /lib64 lead there."""
+    make_rootfs(root)
+    for link in ("lib", "lib64"):
+        (root / link).symlink_to(f"usr/{link}")
+    return root
+
+
 _BASE_SPEC: dict[str, Any] | None = None
 
 

@@ -46,10 +46,7 @@ def podman(rootfs: Path, *args: str, timeout: float = 120) -> subprocess.Complet
 
 @pytest.fixture
 def rootfs(tmp_path: Path) -> Path:
-    r = support.make_rootfs(tmp_path / "rootfs")
-    for link in ("lib", "lib64"):  # the host's C library is bind-mounted at /usr/lib*
-        (r / link).symlink_to(f"usr/{link}")
-    return r
+    return support.make_cdi_rootfs(tmp_path / "rootfs")
 
 
 @pytest.fixture
