@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from device_plugin.daemon import Daemon
+from tests.support.kubeapi import use_kubeconfig
 from tests.support.kubelet import FakeKubelet
 from vgpu.config import DevicePluginConfig
 from vgpu.nvml import GPUInfo
@@ -186,8 +187,7 @@ def apiserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[
             }
         )
     )
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    use_kubeconfig(monkeypatch, kubeconfig)
     yield handler
     srv.shutdown()
     srv.server_close()

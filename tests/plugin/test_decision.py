@@ -18,7 +18,7 @@ import pytest
 from device_plugin import decision
 from device_plugin.devices import DeviceTable, Slicing
 from tests.plugin.conftest import GiB, InProc, synthetic_gpus
-from tests.support.kubeapi import KubeAPI, node_object, pod_object
+from tests.support.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
 from tests.support.kubelet import ContainerSpec, FakeKubelet
 from vgpu import scheduling
 from vgpu.scheduling import ContainerDecision, Decision, GPUAssignment
@@ -36,8 +36,7 @@ U0, U1 = GPUS[0].uuid, GPUS[1].uuid
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAPI]:
     with KubeAPI() as a:
         a.create("nodes", node_object(NODE, gpus=8))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setenv("KUBECONFIG", str(a.write_kubeconfig(tmp_path / "kubeconfig")))
+        use_kubeconfig(monkeypatch, a.write_kubeconfig(tmp_path / "kubeconfig"))
         yield a
 
 
@@ -260,8 +259,7 @@ def _dead_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "current-context": "x",
     }
     (tmp_path / "dead-kubeconfig").write_text(json.dumps(kc))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "dead-kubeconfig"))
+    use_kubeconfig(monkeypatch, tmp_path / "dead-kubeconfig")
 
 
 def test_api_unreachable_auto_falls_back(

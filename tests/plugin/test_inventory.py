@@ -12,7 +12,7 @@ import pytest
 from device_plugin import inventory
 from device_plugin.devices import DeviceTable, Slicing
 from tests.plugin.conftest import APIServer, GiB, synthetic_gpus
-from tests.support.kubeapi import KubeAPI, node_object
+from tests.support.kubeapi import KubeAPI, node_object, use_kubeconfig
 from vgpu import scheduling
 
 
@@ -52,8 +52,7 @@ def test_unknown_numa_and_cores_scaling() -> None:
 
 
 def test_no_api_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    use_kubeconfig(monkeypatch, tmp_path / "absent")
     caplog.set_level(logging.WARNING)
     a = inventory.NodeAnnotator(_table(), "nvidia.com/gpu", "node-1")
     assert not a.publish()
@@ -103,8 +102,7 @@ def test_heartbeat_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     """Unchanged inventory: no PATCH until the heartbeat is due; then the Node's heartbeat moves."""
     with KubeAPI() as api:
         api.create("nodes", node_object("gpu-node-7", {"other": "kept"}))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        use_kubeconfig(monkeypatch, api.write_kubeconfig(tmp_path / "kubeconfig"))
         a = inventory.NodeAnnotator(_table(), "nvidia.com/gpu", "gpu-node-7", heartbeat_s=30)
 
         def node_inventory() -> scheduling.NodeInventory:

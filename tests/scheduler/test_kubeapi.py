@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from tests.support.kubeapi import KubeAPI, apply_json_patch, merge_patch, node_object, pod_object
+from tests.support.kubeapi import KubeAPI, apply_json_patch, merge_patch, node_object, pod_object, use_kubeconfig
 
 
 @pytest.fixture
@@ -134,8 +134,7 @@ def test_device_plugin_node_annotator_against_the_stand_in(
     from tests.plugin.conftest import synthetic_gpus
 
     kubeapi.create("nodes", node_object("gpu-node-7"))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(kubeapi.write_kubeconfig(tmp_path / "kubeconfig")))
+    use_kubeconfig(monkeypatch, kubeapi.write_kubeconfig(tmp_path / "kubeconfig"))
     table = DeviceTable(synthetic_gpus(), Slicing(4, 1.0, 1.0))
     a = inventory.NodeAnnotator(table, "nvidia.com/gpu", "gpu-node-7")
     assert a.publish()

@@ -18,7 +18,7 @@ import pytest
 
 from tests.plugin.conftest import InProc, inproc, kubelet, synthetic_gpus  # noqa: F401 - fixtures
 from tests.scheduler.helpers import GiB, MiB, api_usage, running_scheduler, state_usage, vgpu_pod, wait_for
-from tests.support.kubeapi import KubeAPI, node_object, pod_object
+from tests.support.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
 from tests.support.kubelet import FakeKubelet
 from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
 from vgpu import cluster
@@ -34,8 +34,7 @@ NODE = "node-a"
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAPI]:
     with KubeAPI() as a:
         a.create("nodes", node_object(NODE, gpus=8))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setenv("KUBECONFIG", str(a.write_kubeconfig(tmp_path / "kubeconfig")))
+        use_kubeconfig(monkeypatch, a.write_kubeconfig(tmp_path / "kubeconfig"))
         yield a
 
 

@@ -859,6 +859,13 @@ def running(**kw: Any) -> Iterator[KubeAPI]:
 
 
 # ----- object builders for tests -----
+def use_kubeconfig(monkeypatch: Any, path: str | Path) -> None:
+    """In-process Kubernetes clients of the code under test load this kubeconfig: KUBECONFIG set,
+    the in-cluster environment (KUBERNETES_SERVICE_HOST) removed."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+
+
 def node_object(
     name: str, annotations: dict[str, str] | None = None, gpus: int = 0, labels: dict[str, str] | None = None
 ) -> Obj:
