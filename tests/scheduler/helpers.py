@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -135,3 +138,13 @@ def start_scheduler(api: KubeAPI, cfg: SchedulerConfig | None = None, wait: bool
         assert svc.state.ready.wait(10), "scheduler state never synced"
     scheme = "https" if tls.get("cert_file") else "http"
     return Running(svc, f"{scheme}://127.0.0.1:{srv.server_address[1]}", [srv])
+
+
+def post(url: str, body: Any) -> tuple[int, Any]:
+    """POST JSON as kube-scheduler or kube-apiserver would; (status, decoded answer), errors too."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

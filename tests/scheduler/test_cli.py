@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.scheduler.helpers import decision_of, gpu_node, vgpu_pod, wait_for
+from tests.scheduler.helpers import decision_of, gpu_node, post, vgpu_pod, wait_for
 from tests.support.kubeapi import KubeAPI
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,15 +129,6 @@ def _start(kc: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, "http://" + line.split("serving on ")[1].strip()
 
 
-def _post(url: str, body: object) -> tuple[int, dict[str, object]]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_chart_modes_as_processes(kubeapi: KubeAPI, tmp_path: Path) -> None:
     """The extender follows a Lease held by `<this host>_<uuid>` (its own hostname by default, as
     kube-scheduler's in the same pod); the webhook-only process answers no extender verb."""
@@ -164,15 +155,15 @@ def test_chart_modes_as_processes(kubeapi: KubeAPI, tmp_path: Path) -> None:
         args = {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]}
 
         def served() -> bool:
-            return _post(ext_url + "/filter", args)[1].get("NodeNames") == ["n1"]
+            return post(ext_url + "/filter", args)[1].get("NodeNames") == ["n1"]
 
         wait_for(served, 20, "the follower serves")
         bind = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
-        assert _post(ext_url + "/bind", bind) == (200, {"Error": ""})
+        assert post(ext_url + "/bind", bind) == (200, {"Error": ""})
         assert decision_of(kubeapi, "p") is not None
-        code, out = _post(hook_url + "/filter", args)
+        code, out = post(hook_url + "/filter", args)
         assert code == 404 and "not served here" in str(out["Error"])
-        assert _post(ext_url + "/webhook", {})[0] == 404
+        assert post(ext_url + "/webhook", {})[0] == 404
         for p in (ext, hook):
             p.send_signal(signal.SIGTERM)
             assert p.wait(15) == 0

@@ -25,6 +25,7 @@ from tests.scheduler.helpers import (
     api_usage,
     decision_of,
     gpu_node,
+    post,
     start_scheduler,
     state_usage,
     vgpu_pod,
@@ -59,15 +60,6 @@ def write_lease(api: KubeAPI, holder: str, duration: int = 2, renew: float | Non
 def ks_id(host: str) -> str:
     """kube-scheduler's identity: hostname + "_" + uuid (cmd/kube-scheduler/app/options)."""
     return f"{host}_{uuidlib.uuid4()}"
-
-
-def post(url: str, body: Any) -> tuple[int, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def follow_cfg(host: str, **kw: Any) -> SchedulerConfig:

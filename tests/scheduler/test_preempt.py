@@ -10,9 +10,6 @@ checked against the recorded traces in test_kubescheduler_traces.py).
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 from tests.scheduler.helpers import (
@@ -21,6 +18,7 @@ from tests.scheduler.helpers import (
     Running,
     decision_of,
     gpu_node,
+    post,
     running_scheduler,
     uuid,
     vgpu_pod,
@@ -139,15 +137,6 @@ def test_rejected_by_the_extender_alone_no_eviction(kubeapi: KubeAPI) -> None:
         assert r.calls == ["filter"] and r.victims == []
         assert 'preemption: expected at least one victim pod on node "n1"' in r.message
         assert names(kubeapi) == ["a", "b", "c", "high"]
-
-
-def post(url: str, body: Any) -> tuple[int, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_preempt_wire_format_both_node_cache_modes(kubeapi: KubeAPI) -> None:
