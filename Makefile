@@ -20,7 +20,7 @@ ALL_TARGETS :=
 
 all: build-all
 
-include tests/fakegpu/build.mk
+include sim/fakegpu/build.mk
 include libcuda_intercept/build.mk
 
 build-all: $(ALL_TARGETS)
@@ -49,6 +49,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	PYTHONPATH=.:packaging/demo $(VENV)/bin/lint-imports --no-cache
 
 # --- demo ---------------------------------------------------------------------
 demo: host-deps-demo venv build-all
@@ -88,7 +89,7 @@ bench-dra: venv build-all
 # --- generated gRPC code of the device plugin (committed; regenerate after editing the .proto) ---
 proto: venv
 	device_plugin/api/gen.sh $(PY)
-	device_plugin/dra/api/gen.sh $(PY)
+	dra_plugin/api/gen.sh $(PY)
 
 clean:
 	rm -rf $(BUILD)

@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 
 from device_plugin import strategy
-from device_plugin.cli import Parser, finite_float
 from device_plugin.registration import valid_resource_name
+from nodecore.cli import Parser, finite_float
 from vgpu import __version__, nvml
 from vgpu.config import ConfigError, DevicePluginConfig, config_path_from_env, load_config
 from vgpu.log import setup_logging

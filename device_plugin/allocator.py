@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from device_plugin.devices import DeviceTable
+from nodecore.devices import DeviceTable
 from vgpu.schemas import AllocatedGPU
 
 

@@ -16,12 +16,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from device_plugin import checkpoint, decision, inventory, records, strategy, usage
-from device_plugin.devices import Slicing
-from device_plugin.nodecore import NodeCore
+from device_plugin import checkpoint, decision, inventory, strategy, usage
 from device_plugin.registration import RegistrationError, register
 from device_plugin.server import PluginServer
 from device_plugin.watcher import SocketWatcher
+from nodecore import records
+from nodecore.core import NodeCore
+from nodecore.devices import Slicing
 from vgpu.config import DevicePluginConfig
 from vgpu.log import kv
 from vgpu.nvml import GPUInfo

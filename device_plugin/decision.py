@@ -29,7 +29,7 @@ import msgspec
 
 from device_plugin import allocator
 from device_plugin.allocator import Slice
-from device_plugin.devices import DeviceTable
+from nodecore.devices import DeviceTable
 from vgpu import scheduling
 from vgpu.log import kv
 from vgpu.scheduling import ContainerDecision, Decision

@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from device_plugin.devices import DeviceTable
-from vgpu import scheduling
+from nodecore.devices import DeviceTable
+from vgpu import kube, scheduling
 from vgpu.scheduling import InventoryGPU, NodeInventory, NodeUsage
 
 log = logging.getLogger(__name__)
@@ -77,25 +77,18 @@ def node_name(configured: str) -> str:
 
 
 def load_client() -> Any | None:
-    """A CoreV1Api, or None when no API server configuration exists."""
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    files = [p for p in kubeconfig.split(os.pathsep) if p and os.path.isfile(p)]
-    if not in_cluster and not files:
-        log.info("no in-cluster environment and no kubeconfig at %s", kubeconfig)
-        return None
-    from kubernetes import client, config  # slow import: only when needed
-
+    """A CoreV1Api, or None when no API server configuration exists (vgpu.kube's rule)."""
     try:
-        if in_cluster:
-            config.load_incluster_config()
-        else:
-            # Explicit file: the client reads $KUBECONFIG once, at import time.
-            config.load_kube_config(config_file=files[0])
-    except Exception as e:  # ConfigException, missing files, bad kubeconfig
-        log.info("kubernetes client configuration: %s", e)
+        api = kube.load()
+    except kube.KubeConfigError as e:
+        log.info("%s", e)
         return None
-    return client.CoreV1Api()
+    if api is None:
+        log.info("no kubeconfig and no in-cluster environment: node annotations are not published")
+        return None
+    from kubernetes import client
+
+    return client.CoreV1Api(api)
 
 
 class NodeAnnotator:

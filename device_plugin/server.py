@@ -11,12 +11,13 @@ from concurrent import futures
 
 import grpc
 
-from device_plugin import allocator, decision, records
+from device_plugin import allocator, decision
 from device_plugin import strategy as device_strategy
 from device_plugin.api import deviceplugin_pb2 as pb
 from device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
-from device_plugin.cli import socket_identity
-from device_plugin.devices import DeviceTable
+from nodecore import records
+from nodecore.cli import socket_identity
+from nodecore.devices import DeviceTable
 from vgpu.log import kv
 from vgpu.paths import Paths
 from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV
@@ -114,7 +115,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 log.error(kv("allocate refused", reason=e))
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             try:
-                rec = records.write_record(self.paths, self.resource_name, self.table.slicing.oversubscribe, sl)
+                rec = records.RecordStore(self.paths, self.resource_name).write(
+                    sl.gpus, self.table.slicing.oversubscribe
+                )
             except OSError as e:
                 log.error("cannot write allocation record: %s", e)
                 if claim is not None and self.decisions is not None:

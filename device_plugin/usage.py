@@ -35,7 +35,8 @@ from typing import Any
 
 import msgspec
 
-from device_plugin import checkpoint, records
+from device_plugin import checkpoint
+from nodecore import records
 from vgpu import scheduling as sc
 from vgpu.log import kv
 from vgpu.paths import Paths

@@ -16,12 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import msgspec
 
 from monitor import procs
 from monitor.procs import ProcKey
@@ -33,7 +30,6 @@ from vgpu.log import kv
 
 log = logging.getLogger("vgpu.monitor.containers")
 
-HEADER_SIZE = 48  # magic .. generation: enough to see whether the region changed
 FULL_PARSE_INTERVAL_S = 30.0
 RECHECK_S = 10.0  # re-validate every slot at least this often, changed or not
 
@@ -194,7 +190,7 @@ class Registry:
         except FileNotFoundError:
             c.claim = None
             return
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        except (OSError, schemas.SchemaError) as e:
             c.claim = None
             log.warning(kv("unreadable claim metadata", claim=c.id, error=e))
             return
@@ -220,7 +216,7 @@ class Registry:
         except FileNotFoundError:
             c.metadata = None
             c.error = "no metadata"
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        except (OSError, schemas.SchemaError) as e:
             c.metadata = None
             c.error = f"metadata: {e}"
             log.warning(kv("unreadable container metadata", container=c.id, error=e))
@@ -258,12 +254,12 @@ class Registry:
                 return self._corrupt(c, "not a regular file")
             if st.st_size < vregion.REGION_SIZE:
                 return self._corrupt(c, f"short region ({st.st_size} < {vregion.REGION_SIZE} bytes)")
-            head = os.pread(fd, HEADER_SIZE, 0)
+            head = os.pread(fd, vregion.HEADER.size, 0)
         finally:
             os.close(fd)
-        if len(head) < HEADER_SIZE:
+        if len(head) < vregion.HEADER.size:
             return self._corrupt(c, f"short region ({len(head)} bytes)")
-        magic, version, size, ndev, nslots, _created, generation = struct.unpack_from("<QIIIIQQ", head)
+        magic, version, size, ndev, nslots, _created, generation, *_ = vregion.HEADER.unpack(head)
         now = time.monotonic()
         if (
             c.region is not None

@@ -28,11 +28,11 @@ from monitor.mapping import Mapper
 from monitor.measure import UtilWindow
 from monitor.observe import GpuObs, NvmlSource
 from monitor.procs import ProcKey
-from monitor.regionio import write_extra_bytes
 from monitor.suspend import Suspender
 from vgpu.config import MonitorConfig
 from vgpu.log import kv
 from vgpu.paths import Paths
+from vgpu.region import write_extra_bytes
 
 log = logging.getLogger("vgpu.monitor")
 

@@ -17,17 +17,10 @@ from pathlib import Path
 
 OUR_PACKAGES = ("runtime_hook", "vgpu")
 ENTRY = "runtime_hook.fastpath"
-# Imported only by `vgpu-hook containerd|hooksd ...` or when the hook is started without the full
-# set of flags (then vgpu.config and msgspec): never on the paths the installed hook runs.
-INSTALLER_ONLY = frozenset(
-    {
-        "runtime_hook.containerd",
-        "runtime_hook.nodetype",
-        "runtime_hook.hooksd",
-        "vgpu.config",
-        "vgpu.doctor",
-    }
-)
+# Imported only when the hook is started without the full set of flags and a config file exists
+# (runtime_hook.settings.load_config: vgpu.config, msgspec and a TOML parser from site-packages):
+# never on the paths the installed hook runs.
+INSTALLER_ONLY = frozenset({"vgpu.config"})
 # Needed because `site` is imported for a token container (hotpath._enable_site_packages).
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 

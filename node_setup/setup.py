@@ -133,7 +133,7 @@ def _node_settings(opts: Options) -> list[str]:
 
 def containerd_argv(opts: Options, action: str, python: str) -> list[str]:
     """`vgpu-hook containerd <action>` against the host root (paths written into configs are host paths)."""
-    argv = [sys.executable, "-I", "-m", "runtime_hook"]
+    argv = [sys.executable, "-I", "-m", "node_setup.hookcmd"]
     if action != "uninstall":
         argv += _node_settings(opts)
     argv += ["containerd", action, "--root", opts.host_root, "--containerd-config", opts.containerd_config]

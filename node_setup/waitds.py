@@ -17,10 +17,14 @@ def done(status: Any) -> bool:
 
 def wait(namespace: str, name: str, timeout: float, interval: float = 2.0, api: Any = None) -> bool:
     if api is None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        config.load_incluster_config()
-        api = client.AppsV1Api()
+        from vgpu import kube
+
+        api_client = kube.load()
+        if api_client is None:
+            raise kube.KubeConfigError("no in-cluster service account and no kubeconfig")
+        api = client.AppsV1Api(api_client)
     deadline = time.monotonic() + timeout
     while True:
         ds = api.read_namespaced_daemon_set(name, namespace)

@@ -52,7 +52,7 @@ head -1 packaging/debian/changelog | grep -q "^k8s-vgpu ($VGPU_VERSION-1) " \
 mkdir -p "$VGPU_STAGE"
 # The venv is rebuilt only when what goes into it changed (sources, lock, interpreter).
 venv_key=$( { "$VGPU_TARGET_PYTHON" -VV; cat packaging/requirements.lock packaging/build-venv.sh pyproject.toml;
-              find vgpu runtime_hook device_plugin monitor node_setup vgpu_scheduler -type f ! -path '*/__pycache__/*' -print0 \
+              find $(sed -n 's/^for pkg in \([a-z_ ]*\); do$/\1/p' packaging/build-venv.sh) -type f ! -path '*/__pycache__/*' -print0 \
                 | sort -z | xargs -0 sha256sum; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$VGPU_STAGE/venv.key" 2>/dev/null)" != "$venv_key" ] || [ ! -x "$VGPU_STAGE/opt/vgpu/bin/python" ]; then
   rm -f "$VGPU_STAGE/venv.key"

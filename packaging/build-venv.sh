@@ -61,7 +61,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # A clean copy of the project's source: setuptools builds in-tree.
 src=$(mktemp -d); trap 'rm -rf "$src"' EXIT
 cp "$ROOT/pyproject.toml" "$ROOT/README.md" "$src/"
-for pkg in vgpu runtime_hook device_plugin monitor node_setup vgpu_scheduler; do
+for pkg in vgpu nodecore runtime_hook device_plugin dra_plugin monitor node_setup vgpu_scheduler vgpuctl; do
   cp -r "$ROOT/$pkg" "$src/$pkg"
 done
 find "$src" -name __pycache__ -prune -exec rm -rf {} +
@@ -98,6 +98,6 @@ if grep -rlI --exclude='*.pyc' "$STAGE" "$STAGE" >/dev/null 2>&1; then
   grep -rlI --exclude='*.pyc' "$STAGE" "$STAGE" >&2
   die "staging path left in the files above"
 fi
-"$STAGE/bin/python" -I -c 'import vgpu, runtime_hook, device_plugin, monitor, node_setup, grpc, msgspec, psutil' \
+"$STAGE/bin/python" -I -c 'import vgpu, nodecore, runtime_hook, device_plugin, dra_plugin, monitor, node_setup, vgpu_scheduler, vgpuctl, grpc, msgspec, psutil' \
   || die "the staged venv cannot import the application"
 echo "build-venv: $STAGE ($("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])'))"

@@ -1,1 +1,1 @@
-"""vgpu-hook: OCI prestart/poststop hook and containerd configuration."""
+"""vgpu-hook: the OCI prestart/poststop hook (standard library only; entry: runtime_hook.main)."""

@@ -1,10 +1,8 @@
-"""`vgpu-hook` / `python -m runtime_hook`: see runtime_hook.fastpath (the hot path) and runtime_hook.cli."""
-
-from __future__ import annotations
+"""`python -m runtime_hook prestart|poststop`: the hook (runtime_hook.main)."""
 
 import sys
 
-from runtime_hook.fastpath import main
+from runtime_hook.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

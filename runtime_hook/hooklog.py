@@ -4,7 +4,7 @@ Not the `logging` package: importing logging.handlers costs more than the
 rest of a vGPU container's setup, and the hook writes a handful of lines per
 container.  When the file exceeds max_bytes it is renamed to hook.log.1
 (one generation kept), so the log never takes more than 2 x max_bytes.
-Logging problems are never a reason to fail a container.
+Logging problems are never a reason to fail a container. Lines are vgpu.log.kv's.
 """
 
 from __future__ import annotations
@@ -13,17 +13,6 @@ import os
 import time
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
-
-
-def kv(msg: str, **fields: object) -> str:
-    """`msg key=value ...`, values quoted when they contain spaces, quotes or '='."""
-    parts = [msg]
-    for k, v in fields.items():
-        s = str(v)
-        if not s or any(c in s for c in ' "=\n'):
-            s = repr(s)
-        parts.append(f"{k}={s}")
-    return " ".join(parts)
 
 
 class HookLog:

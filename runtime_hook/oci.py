@@ -2,8 +2,8 @@
 
 This module runs on the hot path of EVERY container on the node (the no-token
 case), so it imports nothing beyond the interpreter's built-ins: JSON is
-decoded with the C scanner of `_json` directly (the `json` package pulls in
-`re`, ~7 ms); msgspec and the vgpu config are only imported once a container
+decoded with the C scanner of `_json` directly (vgpu.jsonfast: the `json` package
+pulls in `re`, ~7 ms); msgspec and the vgpu config are only imported once a container
 turns out to carry an allocation token.  Everything here is a pure function
 over bytes/dicts so that it can be fuzzed in-process.
 """
@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import os
 
+from vgpu import jsonfast
+from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV
+
 TYPE_CHECKING = False  # `typing` imports `re`: keep it off the hot path
 if TYPE_CHECKING:
     from typing import Any
 
-# Mirrors of vgpu.schemas.TOKEN_ENV / TOKEN_ANNOTATION (importing vgpu.schemas
-# would import msgspec on the hot path).  tests/hook/test_oci.py checks they agree.
-TOKEN_ENV = "VGPU_ALLOCATION_TOKEN"
-TOKEN_ANNOTATION = "vgpu.k8s.io/allocation-token"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_DEVICES_ROOT = "/var/run/nvidia-container-devices"  # NVIDIA's volume-mounts strategy
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"  # the CDI spec's default annotation prefix
 PROC_NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 
 MAX_STATE_BYTES = 1 << 20
@@ -45,74 +44,9 @@ def oneline(text: str, limit: int = 300) -> str:
     return " ".join(text.split())[:limit]
 
 
-class _Malformed(ValueError):
-    pass
-
-
-def _const(name: str) -> Any:
-    raise _Malformed(f"non-standard JSON constant {name}")
-
-
-def _make_loads() -> Any:
-    try:
-        import _json  # the C accelerator; no `re`, no json package
-
-        class _Ctx:
-            strict = True
-            object_hook = None
-            object_pairs_hook = None
-            parse_float = float
-            parse_int = int
-            parse_constant = staticmethod(_const)
-            memo: dict[str, str] = {}
-
-        scan = _json.make_scanner(_Ctx())  # type: ignore[arg-type]
-    except Exception:  # pragma: no cover - interpreters without _json
-        import json
-
-        return json.loads
-
-    ws = " \t\n\r"
-
-    def loads(text: str) -> Any:
-        n = len(text)
-        i = 0
-        while i < n and text[i] in ws:
-            i += 1
-        try:
-            obj, end = scan(text, i)
-        except RecursionError:
-            raise
-        except Exception:
-            # Error path only: the C scanner reports errors through json.decoder's
-            # JSONDecodeError and raises SystemError when that module is not
-            # loaded yet.  Let the json package produce the real message.
-            import json
-
-            json.loads(text)
-            raise _Malformed(f"no JSON value at offset {i}") from None
-        while end < n and text[end] in ws:
-            end += 1
-        if end != n:
-            raise _Malformed(f"extra data at offset {end}")
-        return obj
-
-    return loads
-
-
-_loads = _make_loads()
-
-
 def loads(data: bytes) -> Any:
-    """Decode JSON bytes; raises _Malformed (a ValueError) with a short reason."""
-    try:
-        return _loads(data.decode("utf-8"))
-    except _Malformed:
-        raise
-    except RecursionError:
-        raise _Malformed("JSON nested too deeply") from None
-    except (ValueError, TypeError) as e:  # UnicodeDecodeError, JSONDecodeError
-        raise _Malformed(str(e).split("\n", 1)[0][:120]) from None
+    """Decode JSON bytes; raises vgpu.jsonfast.Malformed (a ValueError) with a short reason."""
+    return jsonfast.loads(data)
 
 
 class State:
@@ -129,35 +63,35 @@ class State:
 def parse_state(data: bytes) -> State:
     """Validate the OCI state JSON given on stdin."""
     if len(data) > MAX_STATE_BYTES:
-        raise _Malformed("state larger than 1 MiB")
+        raise jsonfast.Malformed("state larger than 1 MiB")
     obj = loads(data)
     if not isinstance(obj, dict):
-        raise _Malformed("state is not a JSON object")
+        raise jsonfast.Malformed("state is not a JSON object")
     cid = obj.get("id")
     if not isinstance(cid, str) or not cid:
-        raise _Malformed("state has no container id")
+        raise jsonfast.Malformed("state has no container id")
     bundle = obj.get("bundle")
     if not isinstance(bundle, str) or not bundle.startswith("/") or "\0" in bundle:
-        raise _Malformed("state has no absolute bundle path")
+        raise jsonfast.Malformed("state has no absolute bundle path")
     pid = obj.get("pid", 0)
     if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0 or pid > 1 << 22:
-        raise _Malformed("state pid is not a valid pid")
+        raise jsonfast.Malformed("state pid is not a valid pid")
     ann = obj.get("annotations") or {}
     if not isinstance(ann, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in ann.items()):
-        raise _Malformed("state annotations are not a string map")
+        raise jsonfast.Malformed("state annotations are not a string map")
     status = obj.get("status", "")
     return State(id=cid, pid=pid, bundle=bundle, annotations=ann, status=status if isinstance(status, str) else "")
 
 
 def read_spec_bytes(bundle: str) -> bytes:
-    """Read <bundle>/config.json (bounded).  Raises OSError or _Malformed."""
+    """Read <bundle>/config.json (bounded).  Raises OSError or vgpu.jsonfast.Malformed."""
     fd = os.open(os.path.join(bundle, "config.json"), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if (st.st_mode & 0o170000) != 0o100000:
-            raise _Malformed("config.json is not a regular file")
+            raise jsonfast.Malformed("config.json is not a regular file")
         if st.st_size > MAX_SPEC_BYTES:
-            raise _Malformed("config.json larger than 32 MiB")
+            raise jsonfast.Malformed("config.json larger than 32 MiB")
         chunks = []
         total = 0
         while True:
@@ -166,7 +100,7 @@ def read_spec_bytes(bundle: str) -> bytes:
                 break
             total += len(b)
             if total > MAX_SPEC_BYTES:
-                raise _Malformed("config.json larger than 32 MiB")
+                raise jsonfast.Malformed("config.json larger than 32 MiB")
             chunks.append(b)
         return b"".join(chunks)
     finally:
@@ -176,7 +110,7 @@ def read_spec_bytes(bundle: str) -> bytes:
 def parse_spec(data: bytes) -> dict[str, Any]:
     obj = loads(data)
     if not isinstance(obj, dict):
-        raise _Malformed("config.json is not a JSON object")
+        raise jsonfast.Malformed("config.json is not a JSON object")
     return obj
 
 
@@ -274,19 +208,19 @@ def decide_prestart(stdin: bytes, read_spec: Any = read_spec_bytes) -> Proceed |
     """
     try:
         state = parse_state(stdin)
-    except _Malformed as e:
+    except jsonfast.Malformed as e:
         msg = f"malformed OCI state on stdin: {e}"
         return Fail(msg) if mentions_token(stdin[:MAX_STATE_BYTES]) else Skip(msg)
     ann_token = state.annotations.get(TOKEN_ANNOTATION)
     try:
         raw = read_spec(state.bundle)
-    except (OSError, _Malformed) as e:
+    except (OSError, jsonfast.Malformed) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         msg = f"cannot read {state.bundle}/config.json: {reason}"
         return Fail(msg) if ann_token is not None else Skip(msg)
     try:
         spec = parse_spec(raw)
-    except _Malformed as e:
+    except jsonfast.Malformed as e:
         msg = f"malformed {state.bundle}/config.json: {e}"
         return Fail(msg) if ann_token is not None or mentions_token(raw) else Skip(msg)
     try:
@@ -301,10 +235,10 @@ def decide_prestart(stdin: bytes, read_spec: Any = read_spec_bytes) -> Proceed |
 def parse_poststop_id(stdin: bytes) -> str:
     """The container id from the poststop state (pid and bundle are not needed)."""
     if len(stdin) > MAX_STATE_BYTES:
-        raise _Malformed("state larger than 1 MiB")
+        raise jsonfast.Malformed("state larger than 1 MiB")
     obj = loads(stdin)
     if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
-        raise _Malformed("state has no container id")
+        raise jsonfast.Malformed("state has no container id")
     return str(obj["id"])
 
 

@@ -15,27 +15,25 @@ import os
 import stat
 import time
 
-from runtime_hook import hooklog, mounts, oci, records, regionfile
-from runtime_hook.hooklog import kv
+from runtime_hook import hooklog, mounts, oci
 from runtime_hook.oci import HookError
-from runtime_hook.poststop import rmtree as _rmtree
+from vgpu import limits as vlimits
 from vgpu import paths as vpaths
+from vgpu import schemas, statedir
+from vgpu.log import kv
 
-# No msgspec on this path (records.py says why); vgpu.schemas remains the schema.
-# No ctypes region either: regionfile.py writes vgpu.region's bytes with struct.
 
-
-def load_record(p: vpaths.Paths, token: str) -> records.Record:
+def load_record(p: vpaths.Paths, token: str) -> schemas.AllocationRecord:
     if not vpaths.valid_token(token):
         raise HookError(f"invalid vGPU allocation token {token[:40]!r} (expected 32 lowercase hex digits)")
     path = p.allocation_record(token)
     try:
-        rec = records.read_record(path)
+        rec = schemas.read_record(path)
     except FileNotFoundError:
         raise HookError(f"unknown vGPU allocation token {token} (no record {path})") from None
     except OSError as e:
         raise HookError(f"cannot read vGPU allocation record {path}: {e.strerror}") from None
-    except records.RecordError as e:
+    except schemas.SchemaError as e:
         raise HookError(f"malformed vGPU allocation record {path}: {oci.oneline(str(e))}") from None
     if rec.token != token:
         raise HookError(f"vGPU allocation record {path} belongs to another token")
@@ -45,7 +43,7 @@ def load_record(p: vpaths.Paths, token: str) -> records.Record:
 
 
 def check_visible_devices(
-    spec: dict[str, object], rec: records.Record, cdi_prefixes: tuple[str, ...] = (oci.CDI_ANNOTATION_PREFIX,)
+    spec: dict[str, object], rec: schemas.AllocationRecord, cdi_prefixes: tuple[str, ...] = (oci.CDI_ANNOTATION_PREFIX,)
 ) -> None:
     """Refuse a container that asks for a GPU outside its record, in any of the forms NVIDIA's
     runtime or a CDI engine honours (env, volume mounts, CDI annotations, device nodes already
@@ -65,30 +63,12 @@ def proc_start_time(pid: int) -> int:
         return 0
 
 
-def make_state_dir(p: vpaths.Paths, cid: str, rec: records.Record, metadata: bytes) -> str:
+def make_state_dir(p: vpaths.Paths, cid: str, rec: schemas.AllocationRecord, metadata: bytes) -> str:
     """Create <state>/containers/<id>/ with limits, region and metadata.json."""
-    os.makedirs(p.containers_dir, mode=0o700, exist_ok=True)
     cdir = p.container_dir(cid)
-    st = _lstat(cdir)
-    if st is not None:
-        # A stale directory of an earlier container with this id (poststop never ran).
-        if stat.S_ISDIR(st.st_mode):
-            _rmtree(cdir)
-        else:
-            os.unlink(cdir)
-    os.mkdir(cdir, 0o700)
-    lim = records.limits_of(rec)
-    records.write_file(os.path.join(cdir, vpaths.LIMITS_FILE), records.render_limits(lim).encode(), 0o644)
-    regionfile.initialise(os.path.join(cdir, vpaths.REGION_FILE), lim, mode=0o666)
-    records.write_file(os.path.join(cdir, vpaths.METADATA_FILE), metadata, 0o600)
+    statedir.make(cdir)
+    statedir.populate(cdir, vlimits.from_record(rec), vpaths.METADATA_FILE, metadata)
     return cdir
-
-
-def _lstat(path: str) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except FileNotFoundError:
-        return None
 
 
 def run(
@@ -115,16 +95,19 @@ def run(
     if not stat.S_ISREG(lst.st_mode):
         raise HookError(f"vGPU library {library_path} is not a regular file")
     pod = oci.pod_info(state.annotations)
-    meta = records.metadata_json(
+    meta = schemas.ContainerMetadata(
         container_id=state.id,
         init_pid=state.pid,
         init_start_time=proc_start_time(state.pid),
         created=time.time(),
         token=token,
-        pod=pod,
+        pod_namespace=pod["pod_namespace"],
+        pod_name=pod["pod_name"],
+        container_name=pod["container_name"],
+        pod_uid=pod["pod_uid"],
         cgroup_path=oci.cgroup_path(spec),
         gpus=rec.gpus,
-    )
+    ).encode()
     if not os.path.isdir(f"/proc/{state.pid}"):
         raise HookError(f"container init (pid {state.pid}) is gone")
     try:
@@ -168,8 +151,6 @@ def run(
 
 def _cleanup(p: vpaths.Paths, cid: str) -> None:
     try:
-        _rmtree(p.container_dir(cid))
-    except FileNotFoundError:
-        pass
+        statedir.remove(p.container_dir(cid))
     except OSError as e:
         hooklog.log.warning(kv("cannot remove state dir", id=cid, error=e.strerror))

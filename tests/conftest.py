@@ -1,7 +1,7 @@
 """Shared pytest fixtures.
 
 - `build_dir`: runs `make build-all` once per session and returns build/.
-- `fakegpu`: a simulated GPU node of its own per test (see tests/fakegpu/harness.py).
+- `fakegpu`: a simulated GPU node of its own per test (see sim/fakegpu/harness.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def build_dir() -> Path:
 
 
 def _harness():  # imported lazily so suites that need no GPU never load it
-    from tests.fakegpu import harness
+    from sim.fakegpu import harness
 
     return harness
 

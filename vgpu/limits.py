@@ -1,52 +1,79 @@
-"""The per-container `limits` file (contract 2): written by the hook, parsed by libvgpu.so (C).
+"""The per-slice `limits` file (contract 2): written by the hook and the DRA plugin, parsed by
+libvgpu.so (C, libcuda_intercept/src/vlimits.c: the authority) and by the monitor and vgpuctl.
 
-Format (ASCII, '\n'-terminated lines, at most 16 device lines, total < 8 KiB):
+Format (ASCII, '\\n'-terminated lines, at most 16 device lines, total < 8 KiB):
 
     vgpu-limits 1
     <GPU-UUID> <memory_limit_bytes> <core_percent> <oversubscribe 0|1>
     ...
 
-Lines starting with '#' are comments.  The C parser in
-libcuda_intercept/ is the authority; `parse` here mirrors it for tests and
-vgpuctl.
+Lines starting with '#' are comments. Standard library only (no `re`): the hook renders this
+file for every vGPU container.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-import msgspec
-
-from vgpu.schemas import AllocatedGPU, AllocationRecord
+    from vgpu.schemas import AllocatedGPU, AllocationRecord
 
 LIMITS_VERSION = 1
 HEADER = f"vgpu-limits {LIMITS_VERSION}"
 MAX_DEVICES = 16
-
-
-class DeviceLimit(msgspec.Struct, frozen=True, kw_only=True):
-    uuid: str
-    memory_limit: int
-    core_percent: int
-    oversubscribe: bool
+MAX_BYTES = 8192  # VGPU_LIMITS_MAX_BYTES
+_UUID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+_DIGITS = frozenset("0123456789")
 
 
 class LimitsError(ValueError):
     pass
 
 
+class DeviceLimit:
+    """One device line: the slice of one GPU."""
+
+    __slots__ = ("core_percent", "memory_limit", "oversubscribe", "uuid")
+
+    def __init__(self, *, uuid: str, memory_limit: int, core_percent: int, oversubscribe: bool) -> None:
+        self.uuid = uuid
+        self.memory_limit = memory_limit
+        self.core_percent = core_percent
+        self.oversubscribe = oversubscribe
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not DeviceLimit:
+            return NotImplemented
+        return (self.uuid, self.memory_limit, self.core_percent, self.oversubscribe) == (
+            other.uuid,
+            other.memory_limit,
+            other.core_percent,
+            other.oversubscribe,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.uuid, self.memory_limit, self.core_percent, self.oversubscribe))
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceLimit(uuid={self.uuid!r}, memory_limit={self.memory_limit}, "
+            f"core_percent={self.core_percent}, oversubscribe={self.oversubscribe})"
+        )
+
+
 def from_record(record: AllocationRecord) -> list[DeviceLimit]:
-    return [_from_gpu(g, record.oversubscribe) for g in record.gpus]
+    return [from_gpu(g, record.oversubscribe) for g in record.gpus]
 
 
-def _from_gpu(g: AllocatedGPU, oversubscribe: bool) -> DeviceLimit:
+def from_gpu(g: AllocatedGPU, oversubscribe: bool) -> DeviceLimit:
     return DeviceLimit(
         uuid=g.uuid, memory_limit=g.memory_limit, core_percent=g.core_percent, oversubscribe=oversubscribe
     )
 
 
 def render(limits: Iterable[DeviceLimit]) -> str:
+    """The file's text; LimitsError for more devices than the library takes."""
     lines = [HEADER]
     for d in limits:
         lines.append(f"{d.uuid} {d.memory_limit} {d.core_percent} {1 if d.oversubscribe else 0}")
@@ -55,7 +82,14 @@ def render(limits: Iterable[DeviceLimit]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _number(s: str) -> bool:
+    return 1 <= len(s) <= 20 and _DIGITS.issuperset(s)
+
+
 def parse(text: str) -> list[DeviceLimit]:
+    """The device lines of a limits file, by the C parser's rules; LimitsError otherwise."""
+    if len(text) > MAX_BYTES:
+        raise LimitsError(f"file larger than {MAX_BYTES} bytes")
     lines = [ln for ln in text.split("\n") if ln.strip() and not ln.startswith("#")]
     if not lines:
         raise LimitsError("empty limits file")
@@ -70,9 +104,10 @@ def parse(text: str) -> list[DeviceLimit]:
         if (
             len(f) != 4
             or f[3] not in ("0", "1")
-            or not _UUID_RE.fullmatch(f[0])
-            or not _DIGITS_RE.fullmatch(f[1])
-            or not _DIGITS_RE.fullmatch(f[2])
+            or not 1 <= len(f[0]) <= 95
+            or not _UUID_CHARS.issuperset(f[0])
+            or not _number(f[1])
+            or not _number(f[2])
             or int(f[1]) >= 1 << 64
             or int(f[2]) > 10_000
         ):
@@ -83,8 +118,3 @@ def parse(text: str) -> list[DeviceLimit]:
         if len(out) > MAX_DEVICES:
             raise LimitsError("too many devices")
     return out
-
-
-# the C parser's rules (libcuda_intercept/src/vlimits.c): 1-95 of [A-Za-z0-9-], decimal digits
-_UUID_RE = re.compile(r"[A-Za-z0-9-]{1,95}")
-_DIGITS_RE = re.compile(r"[0-9]{1,20}")

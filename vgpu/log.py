@@ -1,22 +1,27 @@
-"""Logging setup shared by the daemons: structured key=value lines, quiet by default."""
+"""Logging of every part: one key=value line format (`kv`), and the daemons' logger setup.
+
+`kv` is the one formatter of structured lines: the hook (runtime_hook.hooklog) writes them to its
+own file, the daemons through `logging`. Cheap to import (the hook imports it for every vGPU
+container): `logging` is imported only by `setup_logging`.
+"""
 
 from __future__ import annotations
 
-import logging
-import logging.handlers
-import os
-import sys
-from typing import Any
+TYPE_CHECKING = False  # `typing` costs the hook ~3 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_QUOTE = frozenset(' "=\n\r\t')
 
 
-def kv(msg: str, **fields: Any) -> str:
-    """Format a structured log message: `msg key=value ...` (values repr'd when they contain spaces)."""
+def kv(msg: str, **fields: object) -> str:
+    """`msg key=value ...`: a value that is empty or holds a space, quote, '=' or line break is
+    written as its repr, so one event is always one line and every value reads back."""
     parts = [msg]
     for k, v in fields.items():
         s = str(v)
-        if not s or any(c in s for c in ' "='):
+        if not s or not _QUOTE.isdisjoint(s):
             s = repr(s)
         parts.append(f"{k}={s}")
     return " ".join(parts)
@@ -30,6 +35,11 @@ def setup_logging(
     max_bytes: int = 4 * 1024 * 1024,
 ) -> None:
     """Configure the root logger once: to stderr (default) and/or a size-bounded file."""
+    import logging
+    import logging.handlers
+    import os
+    import sys
+
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

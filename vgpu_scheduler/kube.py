@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import select
 import socket
 import ssl
@@ -80,16 +79,13 @@ def _failure(status: int, body: bytes) -> APIFailure:
 
 
 def load_api_client(kubeconfig: str = "") -> Any:
-    """An ApiClient: in-cluster service account, else the kubeconfig file ($KUBECONFIG, ~/.kube/config)."""
-    from kubernetes import client, config
+    """An ApiClient by vgpu.kube's rule; a scheduler without any configuration cannot run."""
+    from vgpu import kube
 
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return client.ApiClient()
-    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=path, client_configuration=cfg)
-    return client.ApiClient(cfg)
+    api = kube.load(kubeconfig)
+    if api is None:
+        raise kube.KubeConfigError("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not running in a cluster")
+    return api
 
 
 def micro_time(t: float) -> str:

@@ -2,7 +2,7 @@
 
     python packaging/demo/demo.py [--gpu auto|simulated|real] [--keep] [--device-list-strategy S]
 
-On a machine without an NVIDIA GPU it runs on the simulated driver (tests/fakegpu); with one
+On a machine without an NVIDIA GPU it runs on the simulated driver (sim/fakegpu); with one
 (device nodes + nvidia-smi), `--gpu auto` uses the real GPU and its libcuda.  The containers
 are created through nvidia-container-runtime: the simulated toolkit's stand-in, or on a GPU node
 the installed one (`VGPU_DEMO_RUNTIME=<path>` picks another binary; `runc` makes the demo mount

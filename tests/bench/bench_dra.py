@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """make bench-dra: NodePrepareResources latency of the DRA plugin.
 
-The real `vgpu-dra-plugin` runs as a subprocess over the simulated NVML (tests/fakegpu, 2 GPUs
-of 16 GiB), with the API server stand-in (tests/support/kubeapi.py) for its claims and slices;
-the kubelet stand-in (tests/support/drakubelet.py) registers it and calls it over gRPC. Each
+The real `vgpu-dra-plugin` runs as a subprocess over the simulated NVML (sim/fakegpu, 2 GPUs
+of 16 GiB), with the API server stand-in (sim/kubeapi.py) for its claims and slices;
+the kubelet stand-in (sim/drakubelet.py) registers it and calls it over gRPC. Each
 round creates claims allocated as kube-scheduler would (not timed), calls NodePrepareResources
 with 1 or 16 of them (timed: the whole RPC, API reads, records, claim files, CDI specs and the
 checkpoint's fsync), then NodeUnprepareResources (timed separately). Prints:
@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from device_plugin.dra import slices  # noqa: E402
-from device_plugin.dra.config import settings  # noqa: E402
-from tests.support import draallocator, kubeapi  # noqa: E402
-from tests.support.drakubelet import Claim, DRAKubelet  # noqa: E402
-from tests.support.procs import terminate  # noqa: E402
+from dra_plugin import slices  # noqa: E402
+from dra_plugin.config import settings  # noqa: E402
+from sim import draallocator, kubeapi  # noqa: E402
+from sim.drakubelet import Claim, DRAKubelet  # noqa: E402
+from sim.procs import terminate  # noqa: E402
 from vgpu.nvml import GPUInfo  # noqa: E402
 from vgpu.schemas import write_atomic  # noqa: E402
 
@@ -83,7 +83,7 @@ def make_claims(api: kubeapi.KubeAPI, alloc_slices: list[dict], n: int, round_: 
 
 
 def main() -> int:
-    from tests.fakegpu import harness
+    from sim.fakegpu import harness
 
     subprocess.run(["make", "-s", "-C", str(ROOT), "build-all"], check=True)
     # As on a node: the state dir (allocation records, the checkpoint) on disk, the run dir
@@ -100,7 +100,7 @@ def main() -> int:
         kubelet = DRAKubelet(tmp / "k").start()
         log = open(tmp / "plugin.log", "wb")
         argv = [
-            sys.executable, "-m", "device_plugin.dra",
+            sys.executable, "-m", "dra_plugin",
             "--config", str(tmp / "none.toml"),
             "--state-dir", str(tmp / "state"),
             "--run-dir", str(Path(run) / "vgpu"),

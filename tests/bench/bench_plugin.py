@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make bench-plugin: the device plugin against the kubelet stand-in.
 
-8 simulated GPUs (tests/fakegpu) x split 16 = 128 vGPUs; the real
+8 simulated GPUs (sim/fakegpu) x split 16 = 128 vGPUs; the real
 `vgpu-device-plugin` runs as a subprocess over the simulated NVML. Prints:
 
   list_first_ms    registration (kubelet receives Register) to the first
@@ -42,8 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.kubelet import READMIT_AFTER_S, ContainerSpec, FakeKubelet  # noqa: E402
-from tests.support.procs import terminate  # noqa: E402
+from sim.kubelet import READMIT_AFTER_S, ContainerSpec, FakeKubelet  # noqa: E402
+from sim.procs import terminate  # noqa: E402
 from vgpu.schemas import write_atomic  # noqa: E402
 
 GPUS = 8
@@ -59,7 +59,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start_node(tmp: Path) -> tuple[object, dict[str, str]]:
-    from tests.fakegpu import harness
+    from sim.fakegpu import harness
 
     subprocess.run(["make", "-s", "-C", str(ROOT), "build-all"], check=True)
     node = harness.FakeGPU(tmp / "fakegpu", ROOT / "build", gpus=GPUS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make bench-scheduler: vgpu-scheduler on simulated clusters, through the API stand-in.
 
-Four processes, as in a cluster: the API stand-in (tests/support/kubeapi.py, with the latency of a
+Four processes, as in a cluster: the API stand-in (sim/kubeapi.py, with the latency of a
 real API server's writes, below), the scheduler (vgpu_scheduler's Service and HTTP server; a
 bench-only port reports its accounting for the drift check), and two playing kube-scheduler: this
 driver's scheduling loop, one cycle after the other POSTing /filter with every feasible node's
@@ -77,7 +77,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.kubeapi import node_object, pod_object  # noqa: E402
+from sim.kubeapi import node_object, pod_object  # noqa: E402
 from vgpu import scheduling as sc  # noqa: E402
 from vgpu_scheduler import fit, snapshot  # noqa: E402
 from vgpu_scheduler.config import SchedulerConfig  # noqa: E402
@@ -151,7 +151,7 @@ def pod_mix(count: int, rng: random.Random, scheduler: str = "vgpu-scheduler", g
 
 # ----- the API stand-in with a real API server's write latency (child process) -----
 def serve_api(flag: str, history: int) -> None:
-    from tests.support import kubeapi
+    from sim import kubeapi
 
     sigma = math.log(WRITE_P99_MS / WRITE_P50_MS) / 2.326
     rng = random.Random(SEED)

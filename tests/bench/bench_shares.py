@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.fakegpu.harness import FakeGPU  # noqa: E402
+from sim.fakegpu.harness import FakeGPU  # noqa: E402
 from tests.monitor.helpers import Gated, MonitorProc, exec_ns, make_container  # noqa: E402
 
 KERNEL_US = 100

@@ -2,7 +2,7 @@
 pods built the way users write them, and waiting on what the cluster reports.
 
 Nothing here assumes a GPU model, a node name or a size: the tests read the nodes' inventories
-(`vgpu.k8s.io/node-inventory`) and the usage `vgpuctl cluster` computes (`vgpu.cluster.view`).
+(`vgpu.k8s.io/node-inventory`) and the usage `vgpuctl cluster` computes (`vgpuctl.cluster.view`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from vgpu import __version__
-from vgpu import cluster as vcluster
 from vgpu import scheduling as sc
+from vgpuctl import cluster as vcluster
 
 MiB = 1 << 20
 T = TypeVar("T")

@@ -15,8 +15,8 @@ import pytest
 
 from tests.cluster.conftest import Pods
 from tests.cluster.kube import Cluster, MiB, decision, gpu_is_free, offered_gpus, wait
-from vgpu import cluster as vcluster
 from vgpu import scheduling as sc
+from vgpuctl import cluster as vcluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 

@@ -1,4 +1,4 @@
-"""`vgpuctl cluster` against the Kubernetes API stand-in (tests/support/kubeapi.py): the real CLI
+"""`vgpuctl cluster` against the Kubernetes API stand-in (sim/kubeapi.py): the real CLI
 in a subprocess, the kubernetes client over real HTTP."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.kubeapi import KubeAPI, node_object, pod_object
-from vgpu import cluster as vcluster
+from sim.kubeapi import KubeAPI, node_object, pod_object
 from vgpu import scheduling as sc
+from vgpuctl import cluster as vcluster
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -101,7 +101,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[KubeAPI, Path]]:
 
 def vgpuctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "vgpu.ctl", *args],
+        [sys.executable, "-m", "vgpuctl.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook import cli
-from runtime_hook.nodetype import Root
+from node_setup import hookcmd as cli
+from node_setup.nodetype import Root
 from tests.hook import ctrd
-from vgpu import ctl, doctor
+from vgpuctl import cli as ctl
+from vgpuctl import doctor
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,12 +296,12 @@ def test_real_interpreter_probe_under_root(tmp_path: Path) -> None:
 
 def test_nvml_on_the_simulated_gpu(tmp_path: Path) -> None:
     """The NVML probe for real: the fakegpu libnvidia-ml in a child process."""
-    from tests.fakegpu.harness import FakeGPU
+    from sim.fakegpu.harness import FakeGPU
 
     gpu = FakeGPU(tmp_path / "gpu", ROOT / "build", gpus=2, memory=8 << 30)
     try:
         env = {**gpu.env, "VGPU_CONFIG": str(tmp_path / "none.toml")}
-        r = subprocess.run([sys.executable, "-m", "vgpu.ctl", "doctor", "--json", "--containerd-config",
+        r = subprocess.run([sys.executable, "-m", "vgpuctl.cli", "doctor", "--json", "--containerd-config",
                             str(tmp_path / "none.toml")], env=env, capture_output=True, text=True,
                            cwd=ROOT, timeout=60)  # fmt: skip
         rep = json.loads(r.stdout)
@@ -310,7 +311,7 @@ def test_nvml_on_the_simulated_gpu(tmp_path: Path) -> None:
         assert r.returncode == 1  # the rest of this machine is not a vGPU node
     finally:
         gpu.close()
-    r = subprocess.run([sys.executable, "-m", "vgpu.ctl", "doctor", "--json", "--containerd-config",
+    r = subprocess.run([sys.executable, "-m", "vgpuctl.cli", "doctor", "--json", "--containerd-config",
                         str(tmp_path / "none.toml")], env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path)},
                        capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
     nv = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "nvml")

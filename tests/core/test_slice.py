@@ -1,6 +1,6 @@
-"""`vgpuctl slice` (vgpu/probe.py): what a process sees of its GPUs through CUDA and NVML.
+"""`vgpuctl slice` (vgpuctl/probe.py): what a process sees of its GPUs through CUDA and NVML.
 
-Real parts: the simulated driver (tests/fakegpu: libcuda.so.1, libnvidia-ml.so.1 with pynvml)
+Real parts: the simulated driver (sim/fakegpu: libcuda.so.1, libnvidia-ml.so.1 with pynvml)
 and libvgpu.so preloaded with a limits file, as in a vGPU container.
 """
 
@@ -27,7 +27,7 @@ def node(tmp_path: Path, build_dir: Path) -> Node:
 
 def _slice(node: Node, *args: str, preload: bool = True) -> tuple[int, dict, str]:
     p = subprocess.run(
-        [sys.executable, "-m", "vgpu.ctl", "slice", *args],
+        [sys.executable, "-m", "vgpuctl.cli", "slice", *args],
         env=node.env(preload),
         capture_output=True,
         text=True,

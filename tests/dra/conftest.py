@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.config import Settings, settings
-from tests.support import kubeapi
+from dra_plugin.config import Settings, settings
+from sim import kubeapi
 from vgpu.nvml import GPUInfo
 
 NODE = "node-1"

@@ -1,5 +1,5 @@
 """Helpers of the DRA plugin tests: a plugin instance in this process (driver + both gRPC
-sockets) and claims allocated the way kube-scheduler would (tests/support/draallocator.py),
+sockets) and claims allocated the way kube-scheduler would (sim/draallocator.py),
 stored in the API server stand-in."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from device_plugin.dra import apiclient, slices
-from device_plugin.dra.config import Settings
-from device_plugin.dra.driver import Driver
-from device_plugin.dra.server import PluginServer
-from device_plugin.nodecore import NodeCore
+from dra_plugin import apiclient, slices
+from dra_plugin.config import Settings
+from dra_plugin.driver import Driver
+from dra_plugin.server import PluginServer
+from nodecore.core import NodeCore
+from sim import draallocator, kubeapi
+from sim.drakubelet import Claim
 from tests.dra.conftest import NODE
-from tests.support import draallocator, kubeapi
-from tests.support.drakubelet import Claim
 from vgpu.nvml import GPUInfo
 
 

@@ -1,5 +1,5 @@
 """The committed DRA gRPC modules are what grpcio-tools generates from the committed .proto files
-(device_plugin/dra/api/gen.sh), and the wire details the kubelet relies on hold."""
+(dra_plugin/api/gen.sh), and the wire details the kubelet relies on hold."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.api import dra_pb2, pluginregistration_pb2
+from dra_plugin.api import dra_pb2, pluginregistration_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
-API = "device_plugin/dra/api"
+API = "dra_plugin/api"
 
 
 @pytest.mark.parametrize("proto", ["dra.proto", "pluginregistration.proto"])

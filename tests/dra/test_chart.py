@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from device_plugin.dra.__main__ import build_parser, load
+from dra_plugin.__main__ import build_parser, load
 from tests.packaging import k8svalidate
 from tests.support import resourcevalidation
 
@@ -148,10 +148,10 @@ def test_helm_test_hook_claims_its_slice_through_dra(tmp_path: Any) -> None:
     gpumemMiB and gpucores through a ResourceClaimTemplate and expects the memory kube-scheduler
     consumes for that request (rounded up by the slice's requestPolicy: our model of
     consumable_capacity.go), and the chart's scheduler, if on, is not asked."""
-    from device_plugin.dra import slices
-    from device_plugin.dra.config import settings
+    from dra_plugin import slices
+    from dra_plugin.config import settings
+    from sim import draallocator
     from tests.dra.conftest import gpus
-    from tests.support import draallocator
     from vgpu import quantity
 
     objs = render({**DRA, "scheduler": {"enabled": True}})

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_plugin.dra import claims
-from device_plugin.dra.claimstate import ClaimState, new_metadata
-from device_plugin.dra.driver import merge
-from device_plugin.records import RecordStore
-from runtime_hook import records as hook_records
+from dra_plugin import claims
+from dra_plugin.claimstate import ClaimState, new_metadata
+from dra_plugin.driver import merge
+from nodecore.records import RecordStore
+from runtime_hook import prestart as hook_prestart
 from tests.dra.conftest import GIB, gpus
 from vgpu import limits as vlimits
 from vgpu import region as vregion
@@ -34,19 +34,20 @@ _uuid = st.from_regex(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}", fullmatch=True)
         unique_by=lambda t: t[0],
     )
 )
-def test_fast_region_is_the_hooks_region_byte_for_byte(tmp_path_factory: pytest.TempPathFactory, devs: list) -> None:
-    """vgpu.region.initialise without fsync (claims) writes what the hook's durable form writes."""
+def test_sparse_region_is_the_hooks_region_byte_for_byte(tmp_path_factory: pytest.TempPathFactory, devs: list) -> None:
+    """A claim's region (sparse, in place) holds the bytes of the hook's (written out, by rename)."""
     lim = [vlimits.DeviceLimit(uuid=u, memory_limit=m, core_percent=c, oversubscribe=o) for u, m, c, o in devs]
     d = tmp_path_factory.mktemp("r")
     vregion.initialise(str(d / "ref"), lim)
-    vregion.initialise(str(d / "ours"), lim, durable=False)
+    vregion.initialise(str(d / "ours"), lim, sparse=True, atomic=False)
     ref = bytearray((d / "ref").read_bytes())
     ours = bytearray((d / "ours").read_bytes())
     assert oct(os.stat(d / "ours").st_mode & 0o777) == "0o666"
-    created = vregion.Region.created.offset
+    created = vregion.CREATED_OFFSET
     ours[created : created + 8] = ref[created : created + 8]  # the creation time differs
     assert ours == ref
     assert len(ours) == vregion.REGION_SIZE
+    assert os.stat(d / "ours").st_blocks * 512 < vregion.REGION_SIZE  # the slots are a hole
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -57,7 +58,7 @@ def test_records_are_the_device_plugins(tmp_path: Path, durable: bool) -> None:
     rec = rc.write([gpu], oversubscribe=False)
     path = tmp_path / "allocations" / f"{rec.token}.json"
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    hook = hook_records.read_record(str(path))  # what the OCI hook would read
+    hook = hook_prestart.load_record(Paths(str(tmp_path)), rec.token)  # what the OCI hook would read
     assert (hook.token, hook.resource_name, hook.gpus[0].memory_limit) == (rec.token, "gpu.vgpu.k8s.io", 6 * GIB)
     assert rc.has(rec.token) and [r.token for r in rc.list()] == [rec.token]
     # Records of another front end are not ours.
@@ -160,7 +161,7 @@ def test_malformed_claim_json() -> None:
 
 
 def test_the_device_plugins_record_collector_leaves_dra_records_alone(tmp_path: Path) -> None:
-    from device_plugin.records import RecordCollector
+    from nodecore.records import RecordCollector
 
     paths = Paths(str(tmp_path))
     dra = RecordStore(paths, "gpu.vgpu.k8s.io")

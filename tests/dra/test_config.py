@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.__main__ import build_parser, load, main
-from device_plugin.dra.config import FIELDS, Settings
+from dra_plugin.__main__ import build_parser, load, main
+from dra_plugin.config import FIELDS, Settings
 from vgpu import paths
 from vgpu.config import NodeConfig, load_config
 

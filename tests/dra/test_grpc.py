@@ -1,5 +1,5 @@
 """The DRA plugin as the kubelet sees it: registration and NodePrepareResources /
-NodeUnprepareResources over gRPC on unix sockets (the kubelet stand-in tests/support/drakubelet.py
+NodeUnprepareResources over gRPC on unix sockets (the kubelet stand-in sim/drakubelet.py
 with a client generated from the same .proto files), claims read from the API server stand-in
 over HTTP by the kubernetes client."""
 
@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra import cdi
-from device_plugin.dra import checkpoint as ckpt
-from device_plugin.dra.config import Settings
-from runtime_hook import records as hook_records
+from dra_plugin import cdi
+from dra_plugin import checkpoint as ckpt
+from dra_plugin.config import Settings
+from runtime_hook import prestart as hook_prestart
+from sim import kubeapi
+from sim.drakubelet import Claim, DRAKubelet, KubeletError, cdi_devices
 from tests.dra.conftest import GIB, NODE, gpus
 from tests.dra.support import Claims, Plugin, start_plugin
-from tests.support import kubeapi
-from tests.support.drakubelet import Claim, DRAKubelet, KubeletError, cdi_devices
 from vgpu import limits as vlimits
 from vgpu import region as vregion
+from vgpu.paths import Paths
 from vgpu.schemas import AllocationRecord, read_record
 
 pytestmark = pytest.mark.timeout(120)
@@ -85,7 +86,7 @@ def test_prepare_6gi_30pct(cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, c
     assert rec.resource_name == DRIVER
     [g] = rec.gpus
     assert (g.uuid, g.memory_limit, g.core_percent) == (GPUS[0].uuid, 6 * GIB, 30)
-    hook_view = hook_records.read_record(os.path.join(cfg.state_dir, "allocations", rec.token + ".json"))
+    hook_view = hook_prestart.load_record(Paths(cfg.state_dir), rec.token)  # what the OCI hook reads
     assert [(x.uuid, x.memory_limit, x.core_percent) for x in hook_view.gpus] == [(g.uuid, 6 * GIB, 30)]
     # The claim's files: limits and region as the hook makes them; preload with our library.
     d = Path(cfg.claims_dir) / c.uid
@@ -284,7 +285,7 @@ def test_start_up_removes_leftovers_and_refuses_a_bad_checkpoint(
     rec = p.driver.records.write([], False)
     (Path(cfg.claims_dir) / uid).mkdir()
     (Path(cfg.claims_dir) / uid / "region").write_bytes(b"x")
-    from device_plugin.dra.cdi import ClaimFiles, SpecDir
+    from dra_plugin.cdi import ClaimFiles, SpecDir
 
     specs = SpecDir(cfg.cdi_dir)
     specs.write(uid, ClaimFiles("/lib", f"{cfg.claims_dir}/{uid}/limits", f"{cfg.claims_dir}/{uid}/region", "/p"))

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from device_plugin.dra.api import health_pb2 as hp
-from device_plugin.dra.api import health_pb2_grpc as hg
-from device_plugin.dra.config import Settings
+from dra_plugin.api import health_pb2 as hp
+from dra_plugin.api import health_pb2_grpc as hg
+from dra_plugin.config import Settings
+from sim import kubeapi
+from sim.drakubelet import DRAKubelet
 from tests.dra.conftest import NODE, gpus
 from tests.dra.support import Plugin, start_plugin
-from tests.support import kubeapi
-from tests.support.drakubelet import DRAKubelet
 
 pytestmark = pytest.mark.timeout(60)
 GPUS = gpus(2)

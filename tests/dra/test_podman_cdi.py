@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.config import Settings
+from dra_plugin.config import Settings
+from sim import kubeapi
+from sim.drakubelet import DRAKubelet, cdi_devices
+from sim.fakegpu import toolkit as tk
+from sim.fakegpu.harness import FakeGPU
 from tests.dra.conftest import GIB, make_cfg
 from tests.dra.support import Claims, start_plugin
-from tests.fakegpu import toolkit as tk
-from tests.fakegpu.harness import FakeGPU
 from tests.hook import support
-from tests.support import kubeapi
-from tests.support.drakubelet import DRAKubelet, cdi_devices
 
 pytestmark = [
     pytest.mark.root,

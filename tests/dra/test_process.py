@@ -1,4 +1,4 @@
-"""The real `vgpu-dra-plugin` process over the simulated NVML (tests/fakegpu): what it would
+"""The real `vgpu-dra-plugin` process over the simulated NVML (sim/fakegpu): what it would
 publish, serving and publishing, a clean stop, a restart from its checkpoint, uninstall."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.config import Settings
+from dra_plugin.config import Settings
+from sim import kubeapi
+from sim.drakubelet import DRAKubelet
+from sim.fakegpu.harness import FakeGPU
+from sim.procs import terminate
 from tests.dra.conftest import GIB, NODE
 from tests.dra.support import Claims
-from tests.fakegpu.harness import FakeGPU
-from tests.support import kubeapi, resourcevalidation
-from tests.support.drakubelet import DRAKubelet
-from tests.support.procs import terminate
+from tests.support import resourcevalidation
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def node(tmp_path: Path, build_dir: Path) -> Iterator[FakeGPU]:
 
 def argv(cfg: Settings, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "device_plugin.dra", *extra,
+        sys.executable, "-m", "dra_plugin", *extra,
         "--config", str(Path(cfg.state_dir).parent / "none.toml"),
         "--state-dir", cfg.state_dir,
         "--kubelet-dir", cfg.kubelet_dir,

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from device_plugin.dra import apiclient
-from device_plugin.dra.config import Settings
-from device_plugin.dra.publisher import Publisher
-from device_plugin.nodecore import NodeCore
+from dra_plugin import apiclient
+from dra_plugin.config import Settings
+from dra_plugin.publisher import Publisher
+from nodecore.core import NodeCore
+from sim import kubeapi
 from tests.dra.conftest import NODE, gpus
 from tests.dra.support import node_core
-from tests.support import kubeapi, resourcevalidation
+from tests.support import resourcevalidation
 
 GPUS = gpus(2)
 

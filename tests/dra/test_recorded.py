@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import ParseDict
 
-from device_plugin.dra import claims
-from device_plugin.dra.api import dra_pb2
-from tests.support import draallocator, resourcevalidation
-from tests.support.drakubelet import DRA_PLUGIN_TYPE, SERVICES_SUPPORTED_BY_KUBELET
+from dra_plugin import claims
+from dra_plugin.api import dra_pb2
+from sim import draallocator
+from sim.drakubelet import DRA_PLUGIN_TYPE, SERVICES_SUPPORTED_BY_KUBELET
+from tests.support import resourcevalidation
 from vgpu import quantity
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dra"

@@ -1,7 +1,7 @@
 """ResourceSlice and DeviceClass objects: valid for Kubernetes 1.36 (our model of the API server's
 validation.go, and the kubernetes client's resource.k8s.io/v1 models), and the requestPolicy
 arithmetic: what kube-scheduler records for a request (its consumed-capacity code, modelled in
-tests/support/draallocator.py) is what Prepare applies."""
+sim/draallocator.py) is what Prepare applies."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_plugin.dra import claims, slices
+from dra_plugin import claims, slices
+from sim import draallocator
 from tests.dra.conftest import GIB, NODE, gpus, make_cfg
 from tests.dra.support import node_core
 from tests.packaging import k8svalidate
-from tests.support import draallocator, resourcevalidation
+from tests.support import resourcevalidation
 from vgpu import quantity
 from vgpu.nvml import GPUInfo
 

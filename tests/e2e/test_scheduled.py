@@ -3,8 +3,8 @@ goes through the webhook, kube-scheduler's extender calls (filter, then bind: on
 no prioritize) and the kubelet's Allocate, and the container sees 3072 MiB in cuMemGetInfo.
 
 Real parts: `vgpu-scheduler` (extender + webhook over HTTP) and `vgpu-device-plugin` as processes,
-the Kubernetes API stand-in (tests/support/kubeapi.py, real HTTP) and the kube-scheduler stand-in
-(tests/support/kubescheduler.py) and kubelet stand-in (tests/support/kubelet.py, gRPC over unix
+the Kubernetes API stand-in (sim/kubeapi.py, real HTTP) and the kube-scheduler stand-in
+(sim/kubescheduler.py) and kubelet stand-in (sim/kubelet.py, gRPC over unix
 sockets), the simulated GPU, runc from the distribution with our prestart hook (the demo's
 harness, packaging/demo/vgpu_demo).
 """
@@ -31,8 +31,8 @@ if str(DEMO_DIR) not in sys.path:
 
 from vgpu_demo import scenario  # noqa: E402
 
-from tests.support.kubeapi import KubeAPI, apply_json_patch, node_object, pod_object  # noqa: E402
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler  # noqa: E402
+from sim.kubeapi import KubeAPI, apply_json_patch, node_object, pod_object  # noqa: E402
+from sim.kubescheduler import ExtenderConfig, KubeScheduler  # noqa: E402
 from vgpu import scheduling as sc  # noqa: E402
 from vgpu.paths import Paths  # noqa: E402
 from vgpu.schemas import read_record  # noqa: E402

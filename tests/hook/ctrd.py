@@ -331,7 +331,7 @@ def make_shape(
     scripts.  `toolkit_text(mode=..., **flags)`: n1-117's toolkit config; `fakegpu_text`: the
     stand-in's [fakegpu] table appended to the recorded toolkit configs.
     """
-    from tests.fakegpu import toolkit as fk
+    from sim.fakegpu import toolkit as fk
     from tests.support import traces
 
     s = Shape(kind, root, prefix)

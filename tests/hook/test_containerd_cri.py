@@ -60,7 +60,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         [
             sys.executable,
             "-m",
-            "runtime_hook",
+            "node_setup.hookcmd",
             "--config",
             str(d / "none.toml"),
             "--state-dir",
@@ -303,8 +303,8 @@ def _add_glibc_program(rootfs: Path, program: Path) -> None:
 # and the envvar strategy works through the spec of the default kind, which names GPUs by UUID.
 @pytest.fixture(scope="module", params=[*ctrd.SHAPES, "n3-cdi"])
 def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeEnv]:
-    from tests.fakegpu import toolkit as fk
-    from tests.fakegpu.harness import FakeGPU
+    from sim.fakegpu import toolkit as fk
+    from sim.fakegpu.harness import FakeGPU
 
     kind = request.param
     cdi = kind == "n3-cdi"
@@ -332,7 +332,7 @@ def shape_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     before = s.snapshot()
     python, calls = support.recording_python(d)
     lib = support.ROOT / "build" / "libvgpu.so"
-    cmd = [sys.executable, "-m", "runtime_hook", "--config", str(d / "none.toml"), "--state-dir", str(d / "vgpu"),
+    cmd = [sys.executable, "-m", "node_setup.hookcmd", "--config", str(d / "none.toml"), "--state-dir", str(d / "vgpu"),
            "--library-path", str(lib), "--log-dir", str(d / "log"), "containerd"]  # fmt: skip
     r = subprocess.run([*cmd, "install", "--containerd-config", s.conf, "--python", python],
                        capture_output=True, text=True, cwd=support.ROOT)  # fmt: skip

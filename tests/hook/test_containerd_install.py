@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from runtime_hook import cli, containerd, nodetype
+from node_setup import containerd, nodetype
+from node_setup import hookcmd as cli
 from tests.hook import ctrd
 
 pytestmark = pytest.mark.timeout(120)

@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime_hook import fastpath, oci, prestart
+from runtime_hook import oci, prestart
+from runtime_hook import settings as hook_settings
 from tests.hook import support
 from vgpu import paths as vpaths
-from vgpu import schemas
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -186,18 +186,9 @@ def test_record_loading_fails_closed(tmp_path_factory: pytest.TempPathFactory, c
     )
 )
 def test_argv_scan_never_raises(argv: list[str]) -> None:
-    cmd, opts = fastpath.scan_argv(argv)
+    cmd, opts = hook_settings.scan_argv(argv)
     assert cmd is None or cmd in argv
     assert all(isinstance(v, str) for v in opts.values())
-
-
-def test_constants_match_shared_core() -> None:
-    assert oci.TOKEN_ENV == schemas.TOKEN_ENV
-    assert oci.TOKEN_ANNOTATION == schemas.TOKEN_ANNOTATION
-    assert fastpath.DEFAULT_STATE_DIR == vpaths.DEFAULT_STATE_DIR
-    assert fastpath.DEFAULT_CONFIG_PATH == vpaths.DEFAULT_CONFIG_PATH
-    assert fastpath.DEFAULT_LIBRARY_PATH == vpaths.DEFAULT_LIBRARY_PATH
-    assert fastpath.DEFAULT_LOG_DIR == vpaths.DEFAULT_LOG_DIR
 
 
 # ---- real hook processes ------------------------------------------------------------------

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook import cli, containerd, hooksd
+from node_setup import containerd, hooksd
+from node_setup import hookcmd as cli
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""Node detection (runtime_hook.nodetype) on each node shape, from files and from `containerd config dump`."""
+"""Node detection (node_setup.nodetype) on each node shape, from files and from `containerd config dump`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook import nodetype
+from node_setup import nodetype
 from tests.hook import ctrd
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook import cli
-from tests.fakegpu import toolkit as tk
-from tests.fakegpu.harness import FakeGPU
+from node_setup import hookcmd as cli
+from sim.fakegpu import toolkit as tk
+from sim.fakegpu.harness import FakeGPU
 from tests.hook import support
 
 pytestmark = [

@@ -11,6 +11,7 @@ import pytest
 
 from runtime_hook import hooklog, oci, prestart
 from tests.hook import support
+from vgpu.log import kv
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +80,7 @@ def test_record_of_another_token_is_refused(tmp_path: Path) -> None:
 def test_hook_log_is_bounded(tmp_path: Path) -> None:
     log = hooklog.HookLog(str(tmp_path / "log"), max_bytes=2000, level="info")
     for i in range(500):
-        log.info(hooklog.kv("line", n=i, text="x y"))
+        log.info(kv("line", n=i, text="x y"))
     log.debug("not written")
     files = sorted(p.name for p in (tmp_path / "log").iterdir())
     assert files == ["hook.log", "hook.log.1"]

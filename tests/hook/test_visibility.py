@@ -312,13 +312,15 @@ def test_configured_cdi_prefix_refused_through_runc(node: Node) -> None:
 
 
 def test_install_passes_a_configured_prefix(tmp_path: Path) -> None:
-    from runtime_hook import cli, containerd
+    from node_setup import containerd
+    from node_setup import hookcmd as cli
+    from runtime_hook import settings
 
     conf = tmp_path / "config.toml"
     conf.write_text('[device_plugin]\ncdi_annotation_prefix = "gpus.example.com/"\n')
     ns = cli.build_parser().parse_args(["--config", str(conf), "containerd", "print", "--without-nvidia-runtime"])
-    args = containerd.resolved_args(ns, cli._load(str(conf), {}))
+    args = containerd.resolved_args(ns, cli.load_config(str(conf), {}))
     assert args[-2:] == ["--cdi-annotation-prefix", "gpus.example.com/"]
-    assert "--cdi-annotation-prefix" not in containerd.resolved_args(ns, cli._load(str(tmp_path / "none"), {}))
+    assert "--cdi-annotation-prefix" not in containerd.resolved_args(ns, cli.load_config(str(tmp_path / "none"), {}))
     with pytest.raises(ValueError, match="--cdi-annotation-prefix"):
-        cli.FlagConfig({"--cdi-annotation-prefix": "../x/"})
+        settings.FlagConfig({"--cdi-annotation-prefix": "../x/"})

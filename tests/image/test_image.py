@@ -2,7 +2,7 @@
 daemons run from it through containerd's CRI API as the chart's DaemonSets describe them.
 
 Debian's containerd is started by the test with a node shape of the simulated NVIDIA toolkit
-(tests/fakegpu stand-in runtime as the `nvidia` handler); the image is imported with `ctr images
+(sim/fakegpu stand-in runtime as the `nvidia` handler); the image is imported with `ctr images
 import`; the device-plugin pod (its node-installer init container first) and the monitor pod
 are created from the Helm chart's rendered DaemonSets (command, args, env, volumes,
 securityContext, runtimeClassName, hostPID): every hostPath is rebased under a temp dir (the
@@ -175,8 +175,8 @@ class Node:
 def node(image: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     import grpc
 
-    from tests.fakegpu import toolkit as fk
-    from tests.fakegpu.harness import FakeGPU
+    from sim.fakegpu import toolkit as fk
+    from sim.fakegpu.harness import FakeGPU
     from tests.hook.cri import api_pb2_grpc as cri_grpc
     from tests.packaging.test_helm import render
 
@@ -359,7 +359,7 @@ def _wait_exit(node: Node, cid: str, timeout: float = 120) -> Any:
 
 def _run_daemons(node: Node, plugin_ds: dict[str, Any], monitor_ds: dict[str, Any], pod: str, sb: Any,
                  kubelet_dir: str, state_dir: str, pods: list[str]) -> None:  # fmt: skip
-    from tests.support.kubelet import FakeKubelet
+    from sim.kubelet import FakeKubelet
 
     host_kubelet = node.rebase(kubelet_dir)
     with FakeKubelet(host_kubelet) as kubelet:

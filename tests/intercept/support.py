@@ -1,4 +1,4 @@
-"""Helpers for the libvgpu.so tests: a simulated node (tests/fakegpu) seen
+"""Helpers for the libvgpu.so tests: a simulated node (sim/fakegpu) seen
 through the library, driven with the C test programs in build/intercept/.
 
 Everything goes through the documented process-level contracts only:

@@ -146,7 +146,7 @@ def test_monitor_extra_bytes_count_against_the_limit(node: Node) -> None:
         while "waiting" not in p.stdout.readline():
             pass
         slot = R.read_region(str(node.region)).slots[0]
-        R.write_extra_bytes(str(node.region), slot.index, 0, 512 * MiB)
+        assert R.write_extra_bytes(str(node.region), {(slot.index, 0): 512 * MiB})
         r = node.cutest("gpa", "init", "info", "alloc", 512 * MiB, "alloc", 512 * MiB - 1)
         assert int(r.one("info")["free"]) == GiB - 512 * MiB - 1
         assert r.one("alloc", 0)["rc"] == "2" and r.one("alloc", 1)["rc"] == "0"
@@ -213,9 +213,10 @@ def test_corrupt_region_never_crashes_or_raises_the_limit(node: Node, junk: str)
             off = R.SLOT_OFFSET + i * R.SLOT_SIZE
             buf[off : off + 4] = (7 if i % 2 else 1).to_bytes(4, "little")
             buf[off + R.SLOT_DEV_OFFSET : off + R.SLOT_DEV_OFFSET + 8] = (2**64 - 1 - i).to_bytes(8, "little")
-        dev = R.Region.devices.offset
+        dev = R.DEVICES_OFFSET
         buf[dev + 96 : dev + 104] = (2**64 - 1).to_bytes(8, "little")
-        buf[R.Region.slot_hwm.offset : R.Region.slot_hwm.offset + 4] = (2**32 - 1).to_bytes(4, "little")
+        hwm = R.layout("vgpu_region")[2]["slot_hwm"][0]
+        buf[hwm : hwm + 4] = (2**32 - 1).to_bytes(4, "little")
     node.region.write_bytes(bytes(buf))
     r = node.cutest("gpa", "init", "alloc", 64 * MiB, "alloc", 1, "info")
     assert r.one("init")["rc"] == "0", r.err

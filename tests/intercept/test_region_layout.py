@@ -1,8 +1,7 @@
-"""vgpu/region.py mirrors libcuda_intercept/include/vgpu_region.h field for field."""
+"""vgpu/region.py spells libcuda_intercept/include/vgpu_region.h field for field."""
 
 from __future__ import annotations
 
-import ctypes
 import re
 import subprocess
 from pathlib import Path
@@ -12,12 +11,6 @@ from vgpu import region as R
 
 HEADER = ROOT / "libcuda_intercept" / "include" / "vgpu_region.h"
 
-STRUCTS = {
-    "vgpu_region_device": R.RegionDevice,
-    "vgpu_slot_device": R.SlotDevice,
-    "vgpu_slot": R.Slot,
-    "vgpu_region": R.Region,
-}
 CONSTANTS = {
     "VGPU_REGION_MAGIC": R.MAGIC,
     "VGPU_REGION_VERSION": R.VERSION,
@@ -34,10 +27,10 @@ CONSTANTS = {
 
 def _c_program() -> str:
     lines = ["#include <stdio.h>", "#include <stddef.h>", f'#include "{HEADER}"', "int main(void) {"]
-    for cname, py in STRUCTS.items():
+    for cname, fields in R.STRUCTS.items():
         lines.append(f'printf("sizeof {cname} %zu\\n", sizeof(struct {cname}));')
         lines.append(f'printf("alignof {cname} %zu\\n", _Alignof(struct {cname}));')
-        for fname, *_ in py._fields_:
+        for fname, *_ in fields:
             lines.append(f'printf("offsetof {cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
             lines.append(f'printf("fieldsize {cname}.{fname} %zu\\n", sizeof(((struct {cname} *)0)->{fname}));')
     for k in CONSTANTS:
@@ -57,26 +50,28 @@ def test_every_offset_and_size_matches(tmp_path: Path) -> None:
         kind, name, val = ln.split()
         c[f"{kind} {name}"] = int(val)
     checked = 0
-    for cname, py in STRUCTS.items():
-        assert c[f"sizeof {cname}"] == ctypes.sizeof(py), cname
-        assert c[f"alignof {cname}"] == ctypes.alignment(py), cname
-        for fname, *_ in py._fields_:
-            field = getattr(py, fname)
-            assert c[f"offsetof {cname}.{fname}"] == field.offset, f"{cname}.{fname}"
-            assert c[f"fieldsize {cname}.{fname}"] == field.size, f"{cname}.{fname}"
+    for cname in R.STRUCTS:
+        size, align, fields = R.layout(cname)
+        assert (c[f"sizeof {cname}"], c[f"alignof {cname}"]) == (size, align), cname
+        for fname, (off, fsize) in fields.items():
+            assert c[f"offsetof {cname}.{fname}"] == off, f"{cname}.{fname}"
+            assert c[f"fieldsize {cname}.{fname}"] == fsize, f"{cname}.{fname}"
             checked += 1
     for k, v in CONSTANTS.items():
         assert c[f"const {k}"] == v, k
     assert checked >= 30
     assert c["sizeof vgpu_region"] == R.REGION_SIZE
+    assert c["offsetof vgpu_region.slots"] == R.SLOT_OFFSET and c["offsetof vgpu_slot.dev"] == R.SLOT_DEV_OFFSET
+    assert c["offsetof vgpu_region.created"] == R.CREATED_OFFSET
+    assert c["offsetof vgpu_slot_device.extra_bytes"] == R.EXTRA_BYTES_OFFSET
 
 
 def test_python_fields_cover_the_header() -> None:
     """A field added to the header but not to region.py shows up as a size mismatch above;
     this checks the names too, so a rename cannot slip through with the same layout."""
     text = HEADER.read_text()
-    for cname, py in STRUCTS.items():
+    for cname, fields in R.STRUCTS.items():
         body = text.split(f"struct {cname} {{", 1)[1].split("};", 1)[0]
         body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
         names = [decl.split()[-1].split("[", 1)[0] for decl in body.split(";") if decl.strip()]
-        assert names == [f[0] for f in py._fields_], cname
+        assert names == [f[0] for f in fields], cname

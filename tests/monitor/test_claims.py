@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.dra.claimstate import ClaimState, new_metadata
+from dra_plugin.claimstate import ClaimState, new_metadata
 from monitor.containers import Registry
 from monitor.mapping import Mapper
 from tests.monitor.helpers import Monitors, Procs, exec_ns, key, make_container, metric, state, wait_for
-from vgpu import ctl, schemas
+from vgpu import schemas
 from vgpu.paths import Paths
+from vgpuctl import cli as ctl
 
 GIB = 1 << 30
 U0 = "GPU-00000000-0000-0000-0000-00000000000a"

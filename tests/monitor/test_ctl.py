@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu import ctl
+from vgpuctl import cli as ctl
 
 STATUS = {
     "version": 1,

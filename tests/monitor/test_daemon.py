@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.monitor.helpers import Procs, ScriptedSource, make_container, metric, state, wait_for
-from vgpu import ctl
+from vgpuctl import cli as ctl
 
 pytestmark = pytest.mark.timeout(90)
 U0 = "GPU-00000000-0000-0000-0000-00000000000a"

@@ -1,4 +1,4 @@
-"""vgpu-monitor as a real subprocess on the simulated GPU (tests/fakegpu): pynvml against the
+"""vgpu-monitor as a real subprocess on the simulated GPU (sim/fakegpu): pynvml against the
 fake NVML, `fakegpu-burn` workloads, real signals.  Ground truth for shares is each workload's
 executed kernel time from the simulator, never NVML.  Tolerances are loose on purpose (a loaded
 2-core CI machine); the precise figures come from `make bench-shares`."""
@@ -15,8 +15,9 @@ import pytest
 
 from monitor import ledger
 from tests.monitor.helpers import Gated, MonitorProc, Monitors, Procs, exec_ns, make_container, metric, state, wait_for
-from vgpu import ctl
+from tests.support import regions
 from vgpu import region as vregion
+from vgpuctl import cli as ctl
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 GIB = 1 << 30
@@ -61,14 +62,7 @@ def measured_shares(fakegpu, pids: list[int], seconds: float) -> dict[int, float
 
 def _claim_slot(region_path: Path, index: int, pid: int, start: int, device_bytes: int) -> None:
     """Do what libvgpu.so does for a process: an active slot with its pid and start time."""
-    buf = bytearray(region_path.read_bytes())
-    r = vregion.Region.from_buffer(buf)
-    s = r.slots[index]
-    s.state, s.pid, s.host_pid, s.start_time = vregion.SLOT_ACTIVE, pid, 0, start
-    s.dev[0].device_bytes = device_bytes
-    r.generation += 1
-    del r, s
-    region_path.write_bytes(bytes(buf))
+    regions.claim_slot(region_path, index, pid, 0, start, device_bytes={0: device_bytes}, bump_generation=True)
 
 
 @pytest.mark.parametrize("shares", [[30, 70], [20, 30, 50]], ids=["30-70", "20-30-50"])

@@ -14,7 +14,7 @@ from monitor.containers import Registry
 from monitor.mapping import Mapper
 from monitor.procs import ProcKey, nspids
 from tests.monitor.helpers import Procs, key, make_container, wait_for
-from vgpu import region as vregion
+from tests.support import regions
 from vgpu.paths import Paths
 
 pytestmark = pytest.mark.timeout(60)
@@ -117,12 +117,7 @@ def _children(pid: int) -> list[int]:
 
 
 def _claim_slot(region_path: Path, index: int, pid: int, host_pid: int, start: int) -> None:
-    buf = bytearray(region_path.read_bytes())
-    r = vregion.Region.from_buffer(buf)
-    s = r.slots[index]
-    s.state, s.pid, s.host_pid, s.start_time = vregion.SLOT_ACTIVE, pid, host_pid, start
-    del r, s
-    region_path.write_bytes(bytes(buf))
+    regions.claim_slot(region_path, index, pid, host_pid, start)
 
 
 def test_mapper_region_slot_in_same_pid_namespace(tmp_path: Path, procs: Procs) -> None:

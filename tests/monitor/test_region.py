@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from monitor.containers import Registry
-from monitor.regionio import write_extra_bytes
 from tests.monitor.helpers import make_container
+from tests.support import regions
 from vgpu import region as vregion
 from vgpu.paths import Paths
+from vgpu.region import write_extra_bytes
 
 pytestmark = pytest.mark.timeout(60)
 GPU = ("GPU-00000000-0000-0000-0000-000000000001", 1 << 30, 50)
@@ -86,11 +87,7 @@ def test_region_symlink_and_fifo_are_rejected(tmp_path: Path) -> None:
 def test_extra_bytes_written_and_read_back(tmp_path: Path) -> None:
     _reg, d = _state(tmp_path)
     path = str(d / "region")
-    buf = bytearray(Path(path).read_bytes())
-    r = vregion.Region.from_buffer(buf)
-    r.slots[2].state, r.slots[2].pid, r.slots[2].start_time = vregion.SLOT_ACTIVE, 10, 1
-    del r
-    Path(path).write_bytes(bytes(buf))
+    regions.claim_slot(Path(path), 2, 10, 0, 1)
     assert write_extra_bytes(path, {(2, 0): 123456789})
     snap = vregion.read_region(path)
     assert snap.slots[0].index == 2 and snap.slots[0].extra_bytes == (123456789,)

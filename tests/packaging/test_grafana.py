@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.procs import terminate
+from sim.procs import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "packaging" / "grafana" / "k8s-vgpu-dashboard.json"

@@ -1,7 +1,7 @@
 """The chart's scheduler part (templates/scheduler-*.yaml, webhook-*.yaml): rendered with Helm's
 own engine (as tests/packaging/test_helm.py), every object valid for the kubernetes client models,
 the KubeSchedulerConfiguration decoded against the v1 schema, the containers' flags parsed by the
-real `vgpu-scheduler` parser, and the cert Job's `python -m vgpu.certgen` run against the API
+real `vgpu-scheduler` parser, and the cert Job's `python -m vgpu_scheduler.certgen` run against the API
 stand-in: the certificate it stores serves TLS that verifies with the caBundle it wrote."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import pytest
 import yaml
 from kubernetes import client
 
+from sim.kubeapi import KubeAPI
 from tests.packaging import k8svalidate
 from tests.packaging.test_helm import ROOT, by_kind, render
 from tests.support import traces
-from tests.support.kubeapi import KubeAPI
-from vgpu import certgen
+from vgpu_scheduler import certgen
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -262,7 +262,7 @@ def test_webhook_configuration() -> None:
     job = one(objects, "Job", "-certgen")
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
     args = certgen.parser().parse_args(cmd[3:])
-    assert cmd[:3] == ["python3", "-m", "vgpu.certgen"]
+    assert cmd[:3] == ["python3", "-m", "vgpu_scheduler.certgen"]
     assert (args.secret, args.webhook_config, args.service, args.namespace) == (
         tls["secret"]["secretName"],
         mwc["metadata"]["name"],

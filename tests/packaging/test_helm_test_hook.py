@@ -20,7 +20,8 @@ import pytest
 from tests.intercept.support import Node, have_fake
 from tests.packaging.test_helm import by_kind, render
 from tests.packaging.test_helm_scheduler import ON, assert_valid
-from vgpu import ctl, quantity
+from vgpu import quantity
+from vgpuctl import cli as ctl
 
 MiB = 1 << 20
 
@@ -79,7 +80,7 @@ def test_the_hook_follows_the_values() -> None:
 
 
 def test_stored_as_the_api_server_stores_it() -> None:
-    from tests.support.kubeapi import KubeAPI
+    from sim.kubeapi import KubeAPI
 
     pod = hook_pod(ON)
     with KubeAPI() as api:
@@ -99,7 +100,7 @@ def test_the_hooks_command_passes_on_its_slice_and_fails_on_another(tmp_path: Pa
     node = Node(tmp_path, "plain", devices=f"[device]\nmemory = {16384 * MiB}\n")
 
     def run() -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "vgpu.ctl", *c["command"][1:]]
+        argv = [sys.executable, "-m", "vgpuctl.cli", *c["command"][1:]]
         return subprocess.run(argv, env=node.env(True), capture_output=True, text=True, timeout=120)
 
     node.limit(3000 * MiB)  # the decision's size, as the device plugin's record gives it

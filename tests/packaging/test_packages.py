@@ -25,8 +25,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from sim.procs import terminate
 from tests.packaging import pkgbuild
-from tests.support.procs import terminate
 from vgpu import __version__
 
 pytestmark = [
@@ -198,8 +198,8 @@ def test_installed_daemons_run_on_the_simulated_gpu(installed: Path, build_dir: 
     """The package's own venv and interpreter run the daemons: vgpu-device-plugin registers with
     the kubelet stand-in (unix sockets inside the root) and allocates; vgpu-monitor serves
     /metrics and vgpuctl reads its status."""
-    from tests.fakegpu.harness import FakeGPU
-    from tests.support.kubelet import FakeKubelet
+    from sim.fakegpu.harness import FakeGPU
+    from sim.kubelet import FakeKubelet
 
     root = installed
     shutil.copytree(build_dir / "fakegpu", root / "opt/fakegpu", symlinks=True, dirs_exist_ok=True)

@@ -1,9 +1,9 @@
 """Fixtures of the device plugin suite.
 
-- `kubelet`: a started FakeKubelet under tmp_path (tests/support/kubelet.py).
+- `kubelet`: a started FakeKubelet under tmp_path (sim/kubelet.py).
 - `inproc`: a factory running `device_plugin.daemon.Daemon` in a thread over
   synthetic GPUs (real gRPC, real unix sockets; no NVML).
-- `PluginProcess`: the real `vgpu-device-plugin` as a subprocess (NVML from tests/fakegpu).
+- `PluginProcess`: the real `vgpu-device-plugin` as a subprocess (NVML from sim/fakegpu).
 - `apiserver`: a local HTTP stand-in of the Kubernetes API server, with $KUBECONFIG pointing at it.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from device_plugin.daemon import Daemon
-from tests.support.kubeapi import use_kubeconfig
-from tests.support.kubelet import FakeKubelet
+from sim.kubeapi import use_kubeconfig
+from sim.kubelet import FakeKubelet
 from vgpu.config import DevicePluginConfig
 from vgpu.nvml import GPUInfo
 from vgpu.paths import Paths

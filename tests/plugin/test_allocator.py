@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from device_plugin.allocator import AllocationError, preferred, slice_for
-from device_plugin.devices import DeviceTable, Slicing, parse_vgpu_id, vgpu_id
+from nodecore.devices import DeviceTable, Slicing, parse_vgpu_id, vgpu_id
 from vgpu.nvml import GPUInfo
 
 GiB = 1 << 30

@@ -1,6 +1,6 @@
 """The device plugin honours scheduler decisions (vgpu/scheduling.py) in GetPreferredAllocation
 and Allocate: through the kubelet stand-in (real gRPC over unix sockets) and the Kubernetes API
-stand-in (tests/support/kubeapi.py, real HTTP, the kubernetes client unmodified)."""
+stand-in (sim/kubeapi.py, real HTTP, the kubernetes client unmodified)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import grpc
 import pytest
 
 from device_plugin import decision
-from device_plugin.devices import DeviceTable, Slicing
+from nodecore.devices import DeviceTable, Slicing
+from sim.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
+from sim.kubelet import ContainerSpec, FakeKubelet
 from tests.plugin.conftest import GiB, InProc, synthetic_gpus
-from tests.support.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
-from tests.support.kubelet import ContainerSpec, FakeKubelet
 from vgpu import scheduling
 from vgpu.scheduling import ContainerDecision, Decision, GPUAssignment
 from vgpu.schemas import TOKEN_ENV, read_record

@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sim.kubelet import READMIT_AFTER_S, ContainerSpec, FakeKubelet
 from tests.plugin.conftest import GiB, InProc, synthetic_gpus
-from tests.support.kubelet import READMIT_AFTER_S, ContainerSpec, FakeKubelet
 from vgpu.paths import valid_token
 from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV, read_record
 
@@ -252,10 +252,10 @@ def test_init_container_records_survive_while_the_pod_exists(kubelet: FakeKubele
     recreated. Its record must outlive every GC pass while the pod exists, and the replay must
     find exactly the limits it had."""
     from runtime_hook import prestart
-    from runtime_hook.records import limits_of, render_limits
+    from vgpu import limits as vlimits
 
     def limits(token: str) -> str:  # what the hook writes for the token (a HookError if unknown)
-        return render_limits(limits_of(prestart.load_record(p.state, token)))
+        return vlimits.render(vlimits.from_record(prestart.load_record(p.state, token)))
 
     p = inproc(record_gc_grace_s=0.0, record_gc_interval_s=3600, device_split_count=4)
     kubelet.wait_endpoint()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from device_plugin import health as health_mod
-from device_plugin.devices import DeviceTable, Slicing
-from device_plugin.health import HealthMonitor
+from nodecore import health as health_mod
+from nodecore.devices import DeviceTable, Slicing
+from nodecore.health import HealthMonitor
 from tests.plugin.conftest import synthetic_gpus
 from vgpu.nvml import XidEvent
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from device_plugin import inventory
-from device_plugin.devices import DeviceTable, Slicing
+from nodecore.devices import DeviceTable, Slicing
+from sim.kubeapi import KubeAPI, node_object, use_kubeconfig
 from tests.plugin.conftest import APIServer, GiB, synthetic_gpus
-from tests.support.kubeapi import KubeAPI, node_object, use_kubeconfig
 from vgpu import scheduling
 
 

@@ -1,4 +1,4 @@
-"""The kubelet stand-in (tests/support/kubelet.py) against the recorded kubelet v1.36.2.
+"""The kubelet stand-in (sim/kubelet.py) against the recorded kubelet v1.36.2.
 
 The K4 recording (tests/data/real-traces/deviceplugin/, README rows K4 a-f) ran a small device
 plugin under a real kubelet: 8 devices, PreStartRequired + GetPreferredAllocationAvailable,
@@ -27,9 +27,9 @@ from device_plugin.api import deviceplugin_pb2 as dp
 from device_plugin.api import deviceplugin_pb2_grpc as dp_grpc
 from device_plugin.api import podresources_pb2 as pr
 from device_plugin.api import podresources_pb2_grpc as pr_grpc
-from tests.support import kubelet_checkpoint as kc
+from sim import kubelet_checkpoint as kc
+from sim.kubelet import ContainerSpec, FakeKubelet
 from tests.support import traces
-from tests.support.kubelet import ContainerSpec, FakeKubelet
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The real vgpu-device-plugin as a subprocess over the simulated NVML (tests/fakegpu),
+"""The real vgpu-device-plugin as a subprocess over the simulated NVML (sim/fakegpu),
 talking to the kubelet stand-in over real unix sockets."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sim.kubelet import FakeKubelet
 from tests.plugin.conftest import ROOT, PluginProcess
-from tests.support.kubelet import FakeKubelet
 from vgpu.schemas import TOKEN_ENV, read_record
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin import checkpoint, records
+from device_plugin import checkpoint
 from device_plugin.allocator import slice_for
 from device_plugin.api import deviceplugin_pb2 as pb
-from device_plugin.devices import DeviceTable, Slicing
-from tests.support import kubelet_checkpoint as kc
+from nodecore import records
+from nodecore.devices import DeviceTable, Slicing
+from sim import kubelet_checkpoint as kc
 from tests.support import traces
 from vgpu.nvml import GPUInfo
 from vgpu.paths import Paths, valid_token
@@ -29,7 +30,7 @@ def test_write_record(tmp_path: Path) -> None:
     p = Paths(str(tmp_path / "state"))
     records.ensure_dir(p)
     t = _table()
-    rec = records.write_record(p, "nvidia.com/gpu", True, slice_for(t, t.all_ids()[:1]))
+    rec = records.RecordStore(p, "nvidia.com/gpu").write(slice_for(t, t.all_ids()[:1]).gpus, True)
     assert valid_token(rec.token)
     path = p.allocation_record(rec.token)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -44,7 +45,7 @@ def test_list_skips_garbage(tmp_path: Path) -> None:
     p = Paths(str(tmp_path))
     records.ensure_dir(p)
     t = _table()
-    rec = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, t.all_ids()[:1]))
+    rec = records.RecordStore(p, "nvidia.com/gpu").write(slice_for(t, t.all_ids()[:1]).gpus, False)
     Path(p.allocations_dir, "0" * 32 + ".json").write_text("{not json")
     Path(p.allocations_dir, "notatoken.json").write_text("{}")
     assert [r.token for r in records.list_records(p)] == [rec.token]
@@ -157,9 +158,9 @@ def test_collector_waits_for_grace(tmp_path: Path) -> None:
     records.ensure_dir(p)
     t = _table()
     a = t.all_ids()
-    keep = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, [a[0]]))
-    gone = records.write_record(p, "nvidia.com/gpu", False, slice_for(t, [a[0]]))  # same vGPU: no matter
-    other = records.write_record(p, "example.com/other", False, slice_for(t, [a[1]]))
+    keep = records.RecordStore(p, "nvidia.com/gpu").write(slice_for(t, [a[0]]).gpus, False)
+    gone = records.RecordStore(p, "nvidia.com/gpu").write(slice_for(t, [a[0]]).gpus, False)  # same vGPU: no matter
+    other = records.RecordStore(p, "example.com/other").write(slice_for(t, [a[1]]).gpus, False)
     c = records.RecordCollector(p, "nvidia.com/gpu", grace_s=10)
     now = gone.created
     kept = {keep.token}

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from device_plugin import strategy
+from sim.kubelet import FakeKubelet
 from tests.plugin.conftest import ROOT
-from tests.support.kubelet import FakeKubelet
 from vgpu.config import ConfigError, load_config
 from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV, read_record
 

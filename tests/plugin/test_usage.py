@@ -12,18 +12,20 @@ from typing import Any
 
 import pytest
 
-from device_plugin import records, usage
+from device_plugin import usage
 from device_plugin.allocator import slice_for
 from device_plugin.api import deviceplugin_pb2 as pb
-from device_plugin.devices import DeviceTable, Slicing
+from nodecore import records
+from nodecore.devices import DeviceTable, Slicing
+from sim import kubelet_checkpoint as kc
+from sim.kubeapi import KubeAPI, pod_object
+from sim.kubelet import ContainerSpec, FakeKubelet
 from tests.plugin.conftest import GiB, InProc
 from tests.plugin.test_decision import GPUS, NODE, U0, U1, add_pod, api  # noqa: F401 - the `api` fixture
-from tests.support import kubelet_checkpoint as kc
-from tests.support.kubeapi import KubeAPI, pod_object
-from tests.support.kubelet import ContainerSpec, FakeKubelet
-from vgpu import cluster, scheduling
+from vgpu import scheduling
 from vgpu.paths import Paths
 from vgpu.schemas import TOKEN_ENV, AllocatedGPU, AllocationRecord
+from vgpuctl import cluster
 
 pytestmark = pytest.mark.timeout(120)
 MiB = 1 << 20
@@ -99,8 +101,8 @@ def test_names_follow_the_kubelets_checkpoint(tmp_path: Path) -> None:
     state = Paths(str(tmp_path / "state"))
     records.ensure_dir(state)
     table = DeviceTable(GPUS, Slicing(4, 1.0, 1.0))
-    r1 = records.write_record(state, "nvidia.com/gpu", False, slice_for(table, [f"{U0}::0"]))
-    r2 = records.write_record(state, "nvidia.com/gpu", False, slice_for(table, [f"{U1}::0"]))
+    r1 = records.RecordStore(state, "nvidia.com/gpu").write(slice_for(table, [f"{U0}::0"]).gpus, False)
+    r2 = records.RecordStore(state, "nvidia.com/gpu").write(slice_for(table, [f"{U1}::0"]).gpus, False)
     ck = tmp_path / "ck"
     t = usage.Tracker(state, "nvidia.com/gpu", str(ck))
     t.note(r2.token, "decided-uid", "main")

@@ -1,4 +1,4 @@
-"""Fixtures of the scheduler suite: `kubeapi` (the API stand-in, tests/support/kubeapi.py)."""
+"""Fixtures of the scheduler suite: `kubeapi` (the API stand-in, sim/kubeapi.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.kubeapi import KubeAPI
+from sim.kubeapi import KubeAPI
 
 
 @pytest.fixture

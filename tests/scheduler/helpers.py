@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.kubeapi import KubeAPI, node_object, pod_object
+from sim.kubeapi import KubeAPI, node_object, pod_object
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.kube import Kube

@@ -10,8 +10,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sim.kubeapi import KubeAPI
 from tests.scheduler.helpers import decision_of, gpu_node, post, vgpu_pod, wait_for
-from tests.support.kubeapi import KubeAPI
 
 ROOT = Path(__file__).resolve().parents[2]
 

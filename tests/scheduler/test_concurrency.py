@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
+from sim.kubeapi import KubeAPI
+from sim.kubescheduler import ExtenderConfig, KubeScheduler
 from tests.scheduler.helpers import GiB, api_usage, gpu_node, running_scheduler, state_usage, vgpu_pod
-from tests.support.kubeapi import KubeAPI
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
 
 
 def test_50_concurrent_binds_onto_one_node(kubeapi: KubeAPI) -> None:

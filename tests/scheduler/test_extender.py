@@ -6,9 +6,9 @@ import json
 import urllib.request
 from typing import Any
 
+from sim.kubeapi import KubeAPI, pod_object
+from sim.kubescheduler import ExtenderConfig, KubeScheduler
 from tests.scheduler.helpers import GiB, MiB, decision_of, gpu_node, running_scheduler, uuid, vgpu_pod
-from tests.support.kubeapi import KubeAPI, pod_object
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
 

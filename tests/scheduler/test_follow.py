@@ -1,7 +1,7 @@
 """Follow mode (the extender serves iff its own pod's kube-scheduler holds kube-scheduler's Lease)
 and --serve (a webhook-only process answers no extender verb).
 
-The "kube-scheduler" here is the stand-in of tests/support/kubescheduler.py; its leader election
+The "kube-scheduler" here is the stand-in of sim/kubescheduler.py; its leader election
 is played by the test writing the Lease as client-go would (holder `<hostname>_<uuid>`,
 renewTime, leaseDurationSeconds) into the API stand-in."""
 
@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from sim.kubeapi import KubeAPI, pod_object
+from sim.kubescheduler import ExtenderConfig, KubeScheduler
 from tests.scheduler.helpers import (
     GiB,
     Running,
@@ -31,8 +33,6 @@ from tests.scheduler.helpers import (
     vgpu_pod,
     wait_for,
 )
-from tests.support.kubeapi import KubeAPI, pod_object
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.follow import LeaseFollower, holder_host, parse_micro_time

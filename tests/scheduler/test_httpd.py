@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from sim.kubeapi import KubeAPI
 from tests.scheduler.helpers import gpu_node
 from tests.support import traces
-from tests.support.kubeapi import KubeAPI
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.httpd import Server
 from vgpu_scheduler.kube import Kube

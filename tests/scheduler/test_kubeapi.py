@@ -1,4 +1,4 @@
-"""The API stand-in itself (tests/support/kubeapi.py), through the unmodified kubernetes client."""
+"""The API stand-in itself (sim/kubeapi.py), through the unmodified kubernetes client."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from tests.support.kubeapi import KubeAPI, apply_json_patch, merge_patch, node_object, pod_object, use_kubeconfig
+from sim.kubeapi import KubeAPI, apply_json_patch, merge_patch, node_object, pod_object, use_kubeconfig
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_device_plugin_node_annotator_against_the_stand_in(
 ) -> None:
     """The device plugin's real inventory publisher patches a Node here, as on a cluster."""
     from device_plugin import inventory
-    from device_plugin.devices import DeviceTable, Slicing
+    from nodecore.devices import DeviceTable, Slicing
     from tests.plugin.conftest import synthetic_gpus
 
     kubeapi.create("nodes", node_object("gpu-node-7"))

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from sim.kubeapi import KubeAPI, node_object, pod_object
+from sim.kubescheduler import ExtenderConfig, KubeScheduler, Result
 from tests.support import traces
-from tests.support.kubeapi import KubeAPI, node_object, pod_object
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler, Result
 
 Obj = dict[str, Any]
 TRACES = {"a": "extender/requests-nodecache-true.json", "b": "extender/requests-nodecache-false.json"}

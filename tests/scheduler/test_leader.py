@@ -6,9 +6,9 @@ import json
 import urllib.request
 from typing import Any
 
+from sim.kubeapi import KubeAPI
+from sim.kubescheduler import ExtenderConfig, KubeScheduler
 from tests.scheduler.helpers import GiB, Running, api_usage, gpu_node, start_scheduler, state_usage, vgpu_pod, wait_for
-from tests.support.kubeapi import KubeAPI
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
 from vgpu_scheduler.config import SchedulerConfig
 
 

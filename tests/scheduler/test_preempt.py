@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.kubeapi import KubeAPI
+from sim.kubescheduler import ExtenderConfig, KubeScheduler
 from tests.scheduler.helpers import (
     GiB,
     MiB,
@@ -24,8 +26,6 @@ from tests.scheduler.helpers import (
     vgpu_pod,
     wait_for,
 )
-from tests.support.kubeapi import KubeAPI
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
 from vgpu import scheduling as sc
 from vgpu_scheduler import fit, requests
 from vgpu_scheduler.config import SchedulerConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.kubeapi import pod_object
+from sim.kubeapi import pod_object
 from vgpu import scheduling as sc
 from vgpu_scheduler.requests import ContainerRequest, RequestError, container_requests, pod_options, wants_vgpu
 

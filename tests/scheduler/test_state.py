@@ -7,6 +7,8 @@ import time
 import urllib.request
 from typing import Any
 
+from sim.kubeapi import KubeAPI, pod_object
+from sim.kubescheduler import ExtenderConfig, KubeScheduler
 from tests.scheduler.helpers import (
     GiB,
     MiB,
@@ -19,8 +21,6 @@ from tests.scheduler.helpers import (
     vgpu_pod,
     wait_for,
 )
-from tests.support.kubeapi import KubeAPI, pod_object
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
 from vgpu import scheduling as sc
 from vgpu_scheduler import snapshot
 

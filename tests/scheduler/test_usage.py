@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from sim.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
+from sim.kubelet import FakeKubelet
+from sim.kubescheduler import ExtenderConfig, KubeScheduler
 from tests.plugin.conftest import InProc, inproc, kubelet, synthetic_gpus  # noqa: F401 - fixtures
 from tests.scheduler.helpers import GiB, MiB, api_usage, running_scheduler, state_usage, vgpu_pod, wait_for
-from tests.support.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
-from tests.support.kubelet import FakeKubelet
-from tests.support.kubescheduler import ExtenderConfig, KubeScheduler
-from vgpu import cluster
 from vgpu import scheduling as sc
 from vgpu_scheduler import snapshot
+from vgpuctl import cluster
 
 pytestmark = pytest.mark.timeout(180)
 NODE = "node-a"

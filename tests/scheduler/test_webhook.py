@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from sim.admission import verify_admission_response
+from sim.kubeapi import KubeAPI, apply_json_patch, pod_object
 from tests.scheduler.helpers import MiB, Running, decision_of, gpu_node, running_scheduler, wait_for
 from tests.support import traces
-from tests.support.admission import verify_admission_response
-from tests.support.kubeapi import KubeAPI, apply_json_patch, pod_object
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
 

@@ -2,7 +2,7 @@
 kube-apiserver does: defaulting, canonical quantities, `POST /webhook?timeout=10s`, selectors,
 matchConditions, failurePolicy, generateName after admission, validation) holds the chart's own
 MutatingWebhookConfiguration (rendered by Helm) and calls the real `vgpu-scheduler --serve
-webhook` process over TLS, with the certificate the chart's cert Job makes (vgpu.certgen).
+webhook` process over TLS, with the certificate the chart's cert Job makes (vgpu_scheduler.certgen).
 
 The pods are those of the recording (tests/data/real-traces/webhook/pods.yaml); what the stand-in
 sends is compared with what the real API server sent. Then the webhook is stopped: a pod that
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
+from sim.kubeapi import KubeAPI
 from tests.scheduler.helpers import gpu_node, wait_for
 from tests.scheduler.test_webhook import send_raw, start_process, stop_process
 from tests.support import traces
-from tests.support.kubeapi import KubeAPI
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is a dev dependency (make venv)")
 
@@ -70,7 +70,7 @@ def _post(api: KubeAPI, pod: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeAPI, Any, dict[str, Any]]]:
-    from vgpu import certgen
+    from vgpu_scheduler import certgen
 
     d = tmp_path_factory.mktemp("admission")
     mwc = _render({"scheduler": {"enabled": True}})
@@ -162,7 +162,7 @@ def test_quantities_as_the_real_api_server(tmp_path: Path) -> None:
     import ssl
     import threading
 
-    from vgpu import certgen
+    from vgpu_scheduler import certgen
 
     tls = certgen.make("vgpu-rec", "default")  # the recording's Service
     (tmp_path / "c").write_text(tls.cert_pem)

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from typing import Any
 
-from tests.fakegpu.harness import FakeGPU
+from sim.fakegpu.harness import FakeGPU
 
 # A ctypes prelude for child processes: `cu` is the fake libcuda, `nv` pynvml.
 CUDA_PRELUDE = """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakegpu.harness import FakeGPU
+from sim.fakegpu.harness import FakeGPU
 from tests.sim.helpers import popen_py, py, read_json_line
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakegpu.harness import FakeGPU
+from sim.fakegpu.harness import FakeGPU
 from tests.sim.helpers import py
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakegpu.harness import FakeGPU
+from sim.fakegpu.harness import FakeGPU
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -5,7 +5,7 @@ jit-cdi mode resolve their NVML symbols lazily, and one missing symbol they happ
 process (`symbol lookup error`), so the toolkit runs on the simulated GPU only when all exist.
 
 Implemented where the simulation has the data; `NVML_ERROR_NOT_SUPPORTED` (a weak stub generated
-from tests/fakegpu/nvml-entry-points.txt) otherwise, as the real library answers for a feature the
+from sim/fakegpu/nvml-entry-points.txt) otherwise, as the real library answers for a feature the
 GPU lacks; MIG: a MIG-capable GPU with MIG disabled.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakegpu.harness import FakeGPU
+from sim.fakegpu.harness import FakeGPU
 from tests.sim.helpers import py
 from tests.support import traces
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = "nvidia-toolkit/nvml/nvml-undefined-in-toolkit-binaries.txt"
-LIST = ROOT / "tests" / "fakegpu" / "nvml-entry-points.txt"
+LIST = ROOT / "sim" / "fakegpu" / "nvml-entry-points.txt"
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 

@@ -1,4 +1,4 @@
-"""The simulated NVIDIA container toolkit (tests/fakegpu/toolkit): device selection as the real
+"""The simulated NVIDIA container toolkit (sim/fakegpu/toolkit): device selection as the real
 runtime does it (in-process, over the library the programs import), and the programs themselves
 over real bundles with the distribution's runc: legacy and cdi mode, the accept-* flags, `all`,
 unknown CDI names, our own prestart hooks kept ahead of NVIDIA's, the GPU Operator wrappers."""
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.fakegpu import toolkit as tk
-from tests.fakegpu.harness import FakeGPU
+from sim.fakegpu import toolkit as tk
+from sim.fakegpu.harness import FakeGPU
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("fgtoolkit", ROOT / "tests/fakegpu/toolkit/fgtoolkit.py")
+_spec = importlib.util.spec_from_file_location("fgtoolkit", ROOT / "sim/fakegpu/toolkit/fgtoolkit.py")
 assert _spec and _spec.loader
 fgt: Any = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fgt)

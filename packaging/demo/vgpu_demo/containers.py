@@ -7,7 +7,7 @@ real driver's), a Python interpreter with its standard library and pynvml (the N
 The container's process runs a shell script the demo writes into a per-container directory
 mounted at /demo, and reports there.
 
-The hooks are the ones `vgpu-hook containerd install` writes (runtime_hook.containerd): the sh
+The hooks are the ones `vgpu-hook containerd install` writes (node_setup.containerd): the sh
 filter in front of the Python hook, each with an explicit `env` and a timeout.
 
 Containers are created the way containerd-shim does it: `<runtime> create`, then `start`, where

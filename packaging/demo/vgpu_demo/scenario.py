@@ -4,12 +4,12 @@ Used by `make demo` (packaging/demo/demo.py, which prints the report) and by the
 test (tests/e2e, which asserts on every step).  Each step is one method of `Demo`, returns
 what it observed, and raises `StepFailed` with a one-line reason when the stack misbehaves.
 
-1. `start_gpu`: the simulated driver with one 10 GiB GPU (tests/fakegpu), or the real GPU.
+1. `start_gpu`: the simulated driver with one 10 GiB GPU (sim/fakegpu), or the real GPU.
 2. `start_plugin`: `vgpu-device-plugin` (split count 10) against the kubelet stand-in
-   (tests/support/kubelet.py); `admit` allocates 3 vGPUs to pod-a and 7 to pod-b as the kubelet
+   (sim/kubelet.py); `admit` allocates 3 vGPUs to pod-a and 7 to pod-b as the kubelet
    would: slices of 30 % and 70 % of memory, compute shares 30 % and 70 %.
 3. `run_containers`: both pods' containers under runc, created through nvidia-container-runtime
-   (the simulated toolkit's stand-in, tests/fakegpu/toolkit, or the real one on a GPU node) as
+   (the simulated toolkit's stand-in, sim/fakegpu/toolkit, or the real one on a GPU node) as
    containerd would, with the hooks `vgpu-hook containerd install` writes; what each gets is the
    device plugin's Allocate response (env, mounts, annotations: the GPU selection and the token),
    so the GPU arrives only through the NVIDIA runtime;
@@ -87,7 +87,7 @@ class Pod:
     memory_limit: int = 0
     core_percent: int = 0
     container: ctr.Container | None = None
-    alloc: Any = None  # the kubelet's ContainerAllocation (tests/support/kubelet.py)
+    alloc: Any = None  # the kubelet's ContainerAllocation (sim/kubelet.py)
     seen: dict[str, Any] = field(default_factory=dict)  # what it reported in phase 1
     share_before: float = 0.0  # measured SM use without the monitor (percent)
     share_after: float = 0.0  # ... with the monitor
@@ -141,7 +141,7 @@ class Demo:
         self.stack = contextlib.ExitStack()
         self.pods = [Pod(n, k) for n, k in PODS]
         self.env: dict[str, str] = {}
-        self.gpu: Any = None  # tests.fakegpu.harness.FakeGPU (simulated mode)
+        self.gpu: Any = None  # sim.fakegpu.harness.FakeGPU (simulated mode)
         self.uuid = ""
         self.gpu_memory = 0
         self.kubelet: Any = None
@@ -211,20 +211,20 @@ class Demo:
                 pynvml.nvmlShutdown()
             self.log(f"[1] real GPU {self.uuid}: {self.gpu_memory / GiB:.1f} GiB")
             return {"uuid": self.uuid, "memory": self.gpu_memory, "simulated": False}
-        from tests.fakegpu.harness import FakeGPU
+        from sim.fakegpu.harness import FakeGPU
 
         self.gpu = FakeGPU(self.work / "fakegpu", self.build, gpus=1, memory=10 * GiB, context_overhead=256 * MiB)
         self.stack.callback(self.gpu.close)
         self.env = self.gpu.env
         self.uuid = self.gpu.uuids[0]
         self.gpu_memory = 10 * GiB
-        self.log(f"[1] simulated GPU {self.uuid}: 10 GiB (tests/fakegpu, state {self.gpu.state_path})")
+        self.log(f"[1] simulated GPU {self.uuid}: 10 GiB (sim/fakegpu, state {self.gpu.state_path})")
         return {"uuid": self.uuid, "memory": self.gpu_memory, "simulated": True}
 
     # ---- 2. device plugin and kubelet -------------------------------------------------------
 
     def start_plugin(self) -> list[str]:
-        from tests.support.kubelet import FakeKubelet
+        from sim.kubelet import FakeKubelet
 
         kdir = self.work / "kubelet"
         self.kubelet = FakeKubelet(kdir)
@@ -281,7 +281,7 @@ class Demo:
     # ---- 3. containers ------------------------------------------------------------------------
 
     def _hooks(self) -> dict[str, Any]:
-        from runtime_hook import containerd
+        from node_setup import containerd
 
         lib = self.build / "libvgpu.so"
         gargs = [
@@ -329,7 +329,7 @@ sleep 600
         node without the toolkit: plain runc ("" note = the demo injects the driver itself)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEGPU_", "LD_", "NVIDIA_CTK_"))}
         if self.gpu is not None:
-            from tests.fakegpu import toolkit
+            from sim.fakegpu import toolkit
 
             flags: dict[str, Any] = {"container_lib_dir": CTR_LIB_DIR}
             if self.strategy == "volume-mounts":  # NVIDIA's "preventing unprivileged access" setup
@@ -590,7 +590,7 @@ sleep 600
     def ctl_status(self) -> str:
         """`vgpuctl status` on this node: the monitor's status file as a table."""
         r = subprocess.run(
-            [*_command("vgpuctl", "vgpu.ctl"), "status", "--state-dir", str(self.state_dir)],
+            [*_command("vgpuctl", "vgpuctl.cli"), "status", "--state-dir", str(self.state_dir)],
             env=self._daemon_env(),
             capture_output=True,
             text=True,
@@ -639,7 +639,7 @@ def _command(script: str, module: str) -> list[str]:
 
 
 def _terminate(p: subprocess.Popen[bytes]) -> None:
-    from tests.support.procs import terminate
+    from sim.procs import terminate
 
     terminate(p, 15)
 

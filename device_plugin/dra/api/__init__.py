@@ -1,5 +1,0 @@
-"""Generated kubelet API modules of the DRA plugin (pluginregistration v1, DRA v1).
-
-Regenerate with device_plugin/dra/api/gen.sh; the .proto files are the project's own, with the
-public API's package names and field numbers.
-"""

@@ -1,0 +1,1 @@
+"""vgpuctl: the operator's tool (status, doctor, cluster, slice)."""
