@@ -2,7 +2,7 @@
 
 It behaves towards a device plugin the way kubelet v1.36's device manager does
 (pkg/kubelet/cm/devicemanager; file and function cited beside each behaviour), over real gRPC on
-real unix sockets, and it is checked against the recorded kubelet (tests/plugin/test_kubelet_model.py
+real unix sockets, and it is checked against the recorded kubelet (tests/device_plugin/test_kubelet_model.py
 replays the K4 traces under tests/data/real-traces/deviceplugin/):
 
 - registration (plugin/v1beta1/server.go `Register`): validates the version and the resource

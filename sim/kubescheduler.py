@@ -2,7 +2,7 @@
 
 Modelled from kube-scheduler v1.36 (openshift/kubernetes, pkg/scheduler; cited beside each
 behaviour) and checked against what the real one sent (tests/data/real-traces/extender/,
-tests/scheduler/test_kubescheduler_traces.py). One `schedule_one` is one scheduling cycle and,
+tests/vgpu_scheduler/test_kubescheduler_traces.py). One `schedule_one` is one scheduling cycle and,
 when it places the pod, its binding cycle:
 
 - the snapshot: Nodes, and the pods bound to them that are not Succeeded/Failed (scheduler.go

@@ -10,8 +10,11 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support import hook
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
@@ -62,3 +65,37 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if collection_path == CLUSTER_SUITE or CLUSTER_SUITE in collection_path.parents:
         return None if _asked_for_cluster_suite(config) else True
     return None
+
+
+# ----- the OCI hook run directly or behind its sh filter (tests.support.hook) -----
+
+
+@pytest.fixture(scope="session")
+def hook_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return hook.placeholder_library(tmp_path_factory.mktemp("lib"))
+
+
+@pytest.fixture
+def node(tmp_path: Path, hook_lib: Path) -> Iterator[hook.Node]:
+    """The Python hook invoked directly (`python3 -I -S fastpath.py`)."""
+    if not hook.have_runc():
+        pytest.skip("needs root, runc and busybox-static")
+    yield hook.Node(tmp_path, hook_lib)
+
+
+@pytest.fixture(params=["python", "shell-filter"])
+def any_node(request: pytest.FixtureRequest, tmp_path: Path, hook_lib: Path) -> Iterator[hook.Node]:
+    """Both installed forms of the hook: Python directly, and behind the sh filter."""
+    if not hook.have_runc():
+        pytest.skip("needs root, runc and busybox-static")
+    yield hook.Node(tmp_path, hook_lib, shell=request.param == "shell-filter")
+
+
+@pytest.fixture(scope="session")
+def image() -> dict[str, Any]:
+    """`make image`'s output (built once per session; cached by content hash across sessions)."""
+    if os.geteuid() != 0:
+        pytest.skip("make image needs root (mmdebstrap, chroot)")
+    from tests.support import imagebuild
+
+    return imagebuild.build()

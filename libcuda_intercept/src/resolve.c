@@ -30,7 +30,7 @@
  * so it must not need symbol versions newer than the oldest glibc a CUDA image
  * may have (2.17): bind the dl functions to their original versions, which
  * glibc >= 2.34 still provides in libc.so.6 and older ones in libdl.so.2
- * (linked as a dependency).  tests/intercept/test_glibc.py checks this. */
+ * (linked as a dependency).  tests/libcuda_intercept/test_glibc.py checks this. */
 #if defined(__x86_64__)
 __asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
 __asm__(".symver dlerror,dlerror@GLIBC_2.2.5");

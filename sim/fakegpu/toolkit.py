@@ -103,7 +103,7 @@ def fakegpu_section(
     gpu: FakeGPU | None = None, *, container_lib_dir: str | None = None, lib_dir: str | Path | None = None
 ) -> str:
     """The stand-in's own `[fakegpu]` table (where the simulated driver is), appended to a toolkit
-    config.toml - also to the exact files NVIDIA's tools wrote (tests/hook/ctrd.make_shape)."""
+    config.toml - also to the exact files NVIDIA's tools wrote (tests/runtime_hook/ctrd.make_shape)."""
     top = ["[fakegpu]"]
     if gpu is not None:
         top.append(f"config = {_toml_value(str(gpu.config_path))}")

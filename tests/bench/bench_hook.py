@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.hook import support  # noqa: E402
+from tests.support import hook as support  # noqa: E402
 
 TARGET_PLAIN_MS = 20.0
 TARGET_VGPU_MS = 35.0

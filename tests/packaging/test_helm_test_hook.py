@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.intercept.support import Node, have_fake
+from tests.libcuda_intercept.support import Node, have_fake
 from tests.packaging.test_helm import by_kind, render
 from tests.packaging.test_helm_scheduler import ON, assert_valid
 from vgpu import quantity

@@ -407,7 +407,7 @@ class Node:
         ann: dict[str, str] | None = None,
         mounts: list[dict[str, Any]] | None = None,
     ) -> Path:
-        from tests.hook import support
+        from tests.support import hook as support
 
         self.n += 1
         b = self.base / f"b{self.n}"
