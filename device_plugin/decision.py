@@ -241,7 +241,13 @@ def decided_slice(table: DeviceTable, device_ids: Sequence[str], container: Cont
             ids_for[g.uuid] = rest.pop(0)
     return Slice(
         gpus=[
-            AllocatedGPU(uuid=g.uuid, memory_limit=g.memory, core_percent=g.cores, vgpu_ids=[ids_for[g.uuid]])
+            AllocatedGPU(
+                uuid=g.uuid,
+                memory_limit=g.memory,
+                core_percent=g.cores,
+                vgpu_ids=[ids_for[g.uuid]],
+                device_limit=s.device_share(g.memory),
+            )
             for g in container.gpus
         ]
     )

@@ -229,7 +229,11 @@ class Registry:
             if c.metadata is not None:  # fall back to the GPUs of the metadata
                 for g in c.metadata.gpus:
                     lim[g.uuid] = vlimits.DeviceLimit(
-                        uuid=g.uuid, memory_limit=g.memory_limit, core_percent=g.core_percent, oversubscribe=False
+                        uuid=g.uuid,
+                        memory_limit=g.memory_limit,
+                        core_percent=g.core_percent,
+                        oversubscribe=False,
+                        device_limit=g.device_limit,
                     )
         except (OSError, vlimits.LimitsError) as e:
             c.error = f"limits: {e}"

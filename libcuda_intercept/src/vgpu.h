@@ -57,6 +57,33 @@
                                        unsigned, CUstream, void **))                                               \
     X(cuGraphLaunch, (CUgraphExec, CUstream))                                                                      \
     X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                                 \
+    X(cuDeviceGetAttribute, (int *, int, CUdevice))                                                                \
+    X(cuEventCreate, (CUevent *, unsigned))                                                                        \
+    X(cuEventRecord, (CUevent, CUstream))                                                                          \
+    X(cuEventRecord_ptsz, (CUevent, CUstream))                                                                     \
+    X(cuEventQuery, (CUevent))                                                                                     \
+    X(cuEventSynchronize, (CUevent))                                                                               \
+    X(cuEventDestroy_v2, (CUevent))                                                                                \
+    X(cuStreamSynchronize, (CUstream))                                                                             \
+    X(cuStreamSynchronize_ptsz, (CUstream))                                                                        \
+    X(cuStreamIsCapturing, (CUstream, int *))                                                                      \
+    X(cuStreamIsCapturing_ptsz, (CUstream, int *))                                                                 \
+    X(cuMemAdvise, (CUdeviceptr, size_t, int, CUdevice))                                                           \
+    X(cuMemAdvise_v2, (CUdeviceptr, size_t, int, CUmemLocation))                                                   \
+    X(cuMemPrefetchAsync, (CUdeviceptr, size_t, CUdevice, CUstream))                                               \
+    X(cuMemPrefetchAsync_ptsz, (CUdeviceptr, size_t, CUdevice, CUstream))                                          \
+    X(cuMemPrefetchAsync_v2, (CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream))                             \
+    X(cuMemPrefetchAsync_v2_ptsz, (CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream))                        \
+    X(cuMemPrefetchBatchAsync, (CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,                \
+                                unsigned long long, CUstream))                                                     \
+    X(cuMemPrefetchBatchAsync_ptsz, (CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,           \
+                                     unsigned long long, CUstream))                                                \
+    X(cuMemDiscardAndPrefetchBatchAsync, (CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,      \
+                                          unsigned long long, CUstream))                                           \
+    X(cuMemDiscardAndPrefetchBatchAsync_ptsz, (CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t, \
+                                               unsigned long long, CUstream))                                      \
+    X(cuMemDiscardBatchAsync, (CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream))                     \
+    X(cuMemDiscardBatchAsync_ptsz, (CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream))                \
     X(cuMemAlloc, (unsigned *, unsigned))                                                                          \
     X(cuMemAllocPitch, (unsigned *, unsigned *, unsigned, unsigned, unsigned))                                     \
     X(cuArrayCreate, (CUarray *, const void *))                                                                    \
@@ -109,6 +136,7 @@ extern struct vgpu_track vgpu_t_vmm;   /* CUmemGenericAllocationHandle -> charge
 extern struct vgpu_track vgpu_t_map;   /* mapped VA -> (aux = handle) */
 extern struct vgpu_track vgpu_t_arr;   /* CUarray / CUmipmappedArray -> charge */
 extern struct vgpu_track vgpu_t_pool;  /* CUmemoryPool -> device ordinal (+1) */
+extern struct vgpu_track vgpu_t_defer; /* host-backed pointer freed in stream order -> charge; aux = CUevent */
 
 /* re-entrancy guard: a hook entered from inside another hook passes through */
 extern VGPU_TLS int vgpu_in_hook;

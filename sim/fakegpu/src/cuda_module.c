@@ -5,6 +5,10 @@
  *   "spin"    (unsigned long long ns)  runs ns nanoseconds
  *   "spin_us" (unsigned long long us)  runs us microseconds
  *   "noop"    ()                       runs 0 ns
+ *   "touch"   (CUdeviceptr p, unsigned long long bytes)  reads [p, p+bytes) once: its run time is
+ *             what that costs where the bytes live (cuda_um.c: device memory at the device's
+ *             memory bandwidth, host memory at its host-link bandwidth; managed memory migrates
+ *             first, as on a fault)
  * (fakegpu-burn ships PTX with a "spin" kernel of the same signature that spins on %globaltimer,
  * so the same program runs on a real GPU.)  Other names: CUDA_ERROR_NOT_FOUND.
  */
@@ -18,6 +22,7 @@
 #define KIND_SPIN_NS 1
 #define KIND_SPIN_US 2
 #define KIND_NOOP 3
+#define KIND_TOUCH 4
 #define MAX_KERNEL_NS (3600ULL * 1000000000ULL)
 
 struct fg_module {
@@ -87,7 +92,7 @@ FG_API CUresult cuModuleGetFunction(CUfunction *pf, CUmodule m, const char *name
     if (!m || m->magic != FG_MAGIC_MOD)
         return CUDA_ERROR_INVALID_HANDLE;
     int kind = !strcmp(name, "spin") ? KIND_SPIN_NS : !strcmp(name, "spin_us") ? KIND_SPIN_US
-               : !strcmp(name, "noop") ? KIND_NOOP : 0;
+               : !strcmp(name, "noop") ? KIND_NOOP : !strcmp(name, "touch") ? KIND_TOUCH : 0;
     if (!kind)
         return CUDA_ERROR_NOT_FOUND;
     struct fg_func *f = calloc(1, sizeof(*f));
@@ -108,14 +113,14 @@ FG_API CUresult cuModuleGetLoadingMode(int *mode)
     return CUDA_SUCCESS;
 }
 
-/* The kernel's first 8-byte argument, from kernelParams or the `extra` buffer form
+/* The kernel's k-th 8-byte argument (k < 2), from kernelParams or the `extra` buffer form
  * (CU_LAUNCH_PARAM_BUFFER_POINTER = 1, CU_LAUNCH_PARAM_BUFFER_SIZE = 2, END = 0). */
-static int first_arg(void **params, void **extra, uint64_t *out)
+static int nth_arg(void **params, void **extra, unsigned k, uint64_t *out)
 {
     if (params) {
-        if (!params[0])
+        if (!params[k])
             return -1;
-        memcpy(out, params[0], sizeof(*out));
+        memcpy(out, params[k], sizeof(*out));
         return 0;
     }
     if (!extra)
@@ -130,11 +135,13 @@ static int first_arg(void **params, void **extra, uint64_t *out)
         else
             return -1;
     }
-    if (!buf || size < sizeof(*out))
+    if (!buf || size < (k + 1) * sizeof(*out))
         return -1;
-    memcpy(out, buf, sizeof(*out));
+    memcpy(out, (const char *)buf + k * sizeof(*out), sizeof(*out));
     return 0;
 }
+
+static int first_arg(void **params, void **extra, uint64_t *out) { return nth_arg(params, extra, 0, out); }
 
 static void sleep_ns(uint64_t ns)
 {
@@ -154,17 +161,19 @@ CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned
         return CUDA_ERROR_INVALID_VALUE;
     if (params && extra)
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t dur = 0, arg = 0;
+    uint64_t dur = 0, arg = 0, bytes = 0;
     if (f->kind != KIND_NOOP) {
-        if (first_arg(params, extra, &arg) != 0)
+        if (first_arg(params, extra, &arg) != 0 || (f->kind == KIND_TOUCH && nth_arg(params, extra, 1, &bytes) != 0))
             return CUDA_ERROR_INVALID_VALUE;
         dur = f->kind == KIND_SPIN_US ? (arg > MAX_KERNEL_NS / 1000 ? MAX_KERNEL_NS : arg * 1000) : arg;
-        if (dur > MAX_KERNEL_NS)
-            dur = MAX_KERNEL_NS;
     }
     int dev = 0, idx = 0;
     if ((rc = fg_stream_resolve(s, per_thread, &dev, &idx)))
         return rc;
+    if (f->kind == KIND_TOUCH && (rc = fg_um_touch_ns(dev, arg, bytes, &dur)))
+        return rc;
+    if (dur > MAX_KERNEL_NS)
+        dur = MAX_KERNEL_NS;
     struct fg_state *st = fg_g.st;
     for (;;) {
         fg_lock();

@@ -43,7 +43,8 @@ typedef void (*fg_fn)(void);
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuDeviceGetDefaultMemPool)            \
     X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve)            \
     X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)             \
-    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy)
+    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy) X(cuMemAdvise) X(cuMemAdvise_v2)               \
+    X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2) X(cuMemPrefetchAsync_v2_ptsz)
 
 FUNCS(DECL)
 
@@ -223,6 +224,10 @@ static const struct entry g_table[] = {
     E("cuArrayCreate", 3020, cuArrayCreate_v2)
     E("cuArray3DCreate", 3020, cuArray3DCreate_v2)
     E("cuArrayDestroy", 2000, cuArrayDestroy)
+    E("cuMemAdvise", 8000, cuMemAdvise)
+    E("cuMemAdvise", 12020, cuMemAdvise_v2)
+    P("cuMemPrefetchAsync", 8000, cuMemPrefetchAsync, cuMemPrefetchAsync_ptsz)
+    P("cuMemPrefetchAsync", 12020, cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz)
     E("cuGetErrorString", 6000, cuGetErrorString)
     E("cuGetErrorName", 6000, cuGetErrorName)
     E("cuGetProcAddress", 11030, cuGetProcAddress)

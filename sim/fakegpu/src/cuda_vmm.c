@@ -4,6 +4,10 @@
  * (never the current context's device, the lesson of HAMi-core #169/#187).  Address ranges are
  * PROT_NONE reservations; cuMemMap makes a range accessible.  The handle's memory is uncharged
  * when it is released and no mapping uses it any more, as the real driver documents.
+ * Host-located handles (CU_MEM_LOCATION_TYPE_HOST_NUMA, id a host NUMA node, as CUDA 12.2 added;
+ * CU_MEM_LOCATION_TYPE_HOST with no handle types, CUDA 13) are host memory: never charged to a
+ * device, mappable and made accessible to devices like device handles; a kernel reads them over
+ * the host link (cuda_um.c).
  */
 #include "fg_cuda.h"
 
@@ -17,7 +21,7 @@
 
 struct vmm_handle {
     uint32_t magic;
-    int dev;
+    int dev;  /* -1: host memory */
     uint64_t size;
     int refs; /* 1 for the handle + 1 per mapping */
 };
@@ -41,7 +45,8 @@ struct fg_alloc_prop {
 static void handle_put(struct vmm_handle *h)
 {
     if (--h->refs == 0) {
-        fg_uncharge(h->dev, h->size, FG_KIND_DEVICE);
+        if (h->dev >= 0)
+            fg_uncharge(h->dev, h->size, FG_KIND_DEVICE);
         h->magic = 0;
         free(h);
     }
@@ -66,8 +71,19 @@ FG_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         return rc;
     if (!handle || !prop || flags != 0 || size == 0 || size % GRAN != 0 || prop->type != 1)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->locType != 1) /* CU_MEM_LOCATION_TYPE_DEVICE; host locations are not simulated */
-        return CUDA_ERROR_NOT_SUPPORTED;
+    if (prop->locType == 3 || prop->locType == 2) { /* HOST_NUMA (id: a NUMA node), HOST (no IPC) */
+        if ((prop->locType == 3 && (prop->locId < 0 || prop->locId >= 1024)) ||
+            (prop->locType == 2 && prop->handleTypes != 0))
+            return CUDA_ERROR_INVALID_VALUE;
+        struct vmm_handle *hh = calloc(1, sizeof(*hh));
+        if (!hh)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *hh = (struct vmm_handle){.magic = HANDLE_MAGIC, .dev = -1, .size = size, .refs = 1};
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)hh;
+        return CUDA_SUCCESS;
+    }
+    if (prop->locType != 1) /* CU_MEM_LOCATION_TYPE_DEVICE */
+        return CUDA_ERROR_INVALID_VALUE;
     int dev = fg_phys(prop->locId);
     if (dev < 0)
         return CUDA_ERROR_INVALID_DEVICE;
@@ -210,6 +226,20 @@ int fg_vmm_mapped(uint64_t p, uint64_t n)
             ok = 1;
     pthread_mutex_unlock(&g_vmu);
     return ok;
+}
+
+/* 1 if p lies in a mapping of a host-located handle */
+int fg_vmm_host(uint64_t p)
+{
+    int host = 0;
+    pthread_mutex_lock(&g_vmu);
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (g_maps[i].h && p >= g_maps[i].ptr && p - g_maps[i].ptr < g_maps[i].size) {
+            host = g_maps[i].h->dev < 0;
+            break;
+        }
+    pthread_mutex_unlock(&g_vmu);
+    return host;
 }
 
 /* CUmemAccessDesc: location {type, id}, flags (int) = 12 bytes */
