@@ -32,6 +32,8 @@ HOOKED = {
     "cuLaunchKernelEx",
     "cuLaunchCooperativeKernel",
     "cuGraphLaunch_ptsz",
+    "cuMemAdvise_v2",
+    "cuMemPrefetchAsync_v2",
 }
 
 
