@@ -383,7 +383,8 @@ class Monitor:
                 for cid, keys in members.items():
                     owner = self.containers.get(cid)
                     if owner is not None:
-                        self.backstop.check(cid, g.uuid, sum(keys.values()), owner.memory_limit(g.uuid), keys, now)
+                        # NVML sees device-resident memory: judged against the physical share
+                        self.backstop.check(cid, g.uuid, sum(keys.values()), owner.device_limit(g.uuid), keys, now)
         self.mapper.forget_except(live)
         if len(self.nspid_cache) > 2 * len(live) + 64:
             self.nspid_cache = {k: v for k, v in self.nspid_cache.items() if k in live}
@@ -575,6 +576,8 @@ class Monitor:
                         "pids": sorted(k.pid for k in keys),
                         "memory_used": sum(keys.values()),
                         "memory_limit": c.memory_limit(g.uuid),
+                        "memory_device_limit": c.device_limit(g.uuid),
+                        "memory_host": c.host_bytes(g.uuid),
                         "sm_use": round(g.use.get(cid, 0.0), 2),
                         "share": c.share(g.uuid),
                         "effective_share": g.ctl.targets.get(cid),
@@ -593,6 +596,8 @@ class Monitor:
                     {
                         **c.labels(),
                         "memory_limit": c.memory_limit(g.uuid),
+                        "memory_device_limit": c.device_limit(g.uuid),
+                        "memory_host": c.host_bytes(g.uuid),
                         "share": c.share(g.uuid),
                     }
                 )
