@@ -105,9 +105,7 @@ def render(limits: Iterable[DeviceLimit]) -> str:
     for d in limits:
         if d.device_limit > d.memory_limit or (not d.oversubscribe and d.device_limit != d.memory_limit):
             raise LimitsError(f"device {d.uuid[:40]!r}: device_limit {d.device_limit} vs limit {d.memory_limit}")
-        lines.append(
-            f"{d.uuid} {d.memory_limit} {d.core_percent} {1 if d.oversubscribe else 0} {d.device_limit}"
-        )
+        lines.append(f"{d.uuid} {d.memory_limit} {d.core_percent} {1 if d.oversubscribe else 0} {d.device_limit}")
     if len(lines) - 1 > MAX_DEVICES:
         raise LimitsError(f"too many devices ({len(lines) - 1} > {MAX_DEVICES})")
     return "\n".join(lines) + "\n"

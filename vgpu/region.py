@@ -174,9 +174,7 @@ def render_header(limits: Iterable[DeviceLimit], created: int) -> bytearray:
         # "96s" pads with NULs: the C string is NUL-terminated
         if not 0 <= d.device_limit <= _U64:
             raise ValueError(f"device {d.uuid[:40]!r}: device limit out of range")
-        DEVICE.pack_into(
-            buf, device_offset(i), u, d.memory_limit, d.core_percent, flags, 0, 0, d.device_limit, 0, 0, 0
-        )
+        DEVICE.pack_into(buf, device_offset(i), u, d.memory_limit, d.core_percent, flags, 0, 0, d.device_limit, 0, 0, 0)
     return buf
 
 

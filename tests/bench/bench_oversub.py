@@ -88,7 +88,9 @@ def start(env: dict[str, str], nbytes: int, seconds: int, touch_first: bool) -> 
     if touch_first:
         cmds.append("touch")
     argv = [str(CUTEST), "gpa", "init", *cmds, "wait", "touchfor", str(seconds)]
-    return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def until_waiting(p: subprocess.Popen[str], what: str) -> None:
@@ -108,7 +110,13 @@ def passes(p: subprocess.Popen[str], what: str) -> tuple[int, list[float]]:
     out, err = p.communicate(timeout=600)
     if p.returncode != 0 or "touchfor rc=0" not in out:
         raise SystemExit(f"bench-oversub: {what} failed ({p.returncode}): {out[-500:]} {err[-500:]}")
-    nbytes = next(int(w.split("=")[1]) for ln in out.splitlines() if ln.startswith("touchfor start") for w in ln.split() if w.startswith("bytes="))
+    nbytes = next(
+        int(w.split("=")[1])
+        for ln in out.splitlines()
+        if ln.startswith("touchfor start")
+        for w in ln.split()
+        if w.startswith("bytes=")
+    )
     times = [float(ln.split("t=")[1]) / 1e9 for ln in out.splitlines() if ln.startswith("pass ")]
     return nbytes, times
 

@@ -184,9 +184,7 @@ def test_count_mismatch_keeps_todays_behaviour(api: KubeAPI, kubelet: FakeKubele
     assert scheduling.ALLOCATED_ANNOTATION not in pod_ann(api, "two")
 
 
-def test_decided_gpumem_with_memory_scaling_gets_its_physical_share(
-    api: KubeAPI, kubelet: FakeKubelet, plugin
-) -> None:
+def test_decided_gpumem_with_memory_scaling_gets_its_physical_share(api: KubeAPI, kubelet: FakeKubelet, plugin) -> None:
     p = plugin(device_memory_scaling=2.0)
     add_pod(api, "big", [("main", False, [(U1, 6 * GiB, 30)])])
     a = kubelet.admit("default", "big", "main", count=1)

@@ -43,7 +43,11 @@ def node(fakegpu, tmp_path: Path, procs: Procs) -> Iterator:
         env: dict[str, str] | None = None,
     ):
         w = Gated(argv, {**fakegpu.env, **(env or {})}, procs)
-        g = (fakegpu.uuids[gpu], mem_limit, share) if device_limit is None else (fakegpu.uuids[gpu], mem_limit, share, device_limit)
+        g = (
+            (fakegpu.uuids[gpu], mem_limit, share)
+            if device_limit is None
+            else (fakegpu.uuids[gpu], mem_limit, share, device_limit)
+        )
         make_container(st, cid, w.pid, [g], pod=f"pod-{cid}", namespace="ns1")
         workers.append(w)
         if release:
@@ -217,18 +221,18 @@ def test_oversubscribed_containers_host_bytes_and_the_backstop_against_the_share
     cutest = str(ROOT / "build" / "intercept" / "cutest")
     argv = [cutest, "gpa", "init", *["alloc", str(512 * MIB)] * 8, "sleepms", "60000"]
     ovs = spawn("ovs", 50, argv, 4 * GIB, device_limit=2 * GIB, env=lib)
-    hog = spawn(
-        "hog", 50, [fakegpu.burn, "--alloc", "2g", "--seconds", "0", "--hold", "60"], 4 * GIB, device_limit=GIB
-    )
+    hog = spawn("hog", 50, [fakegpu.burn, "--alloc", "2g", "--seconds", "0", "--hold", "60"], 4 * GIB, device_limit=GIB)
     lab = {"container_id": "ovs", "namespace": "ns1", "pod": "pod-ovs", "container": "main", "gpu": "0"}
     # 3 chunks + the context on the device (1.8 GiB of 2), 4 in host memory, the 8th over the slice
     on_device = 3 * 512 * MIB + 300 * MIB  # NVML's view: the context is memory of the process
     assert wait_for(
         lambda: (
-            metric(t := mon.scrape(), "vgpu_container_memory_host_bytes", **lab),
-            metric(t, "vgpu_container_memory_used_bytes", **lab),
-        )
-        == (2 * GIB, on_device),
+            (
+                metric(t := mon.scrape(), "vgpu_container_memory_host_bytes", **lab),
+                metric(t, "vgpu_container_memory_used_bytes", **lab),
+            )
+            == (2 * GIB, on_device)
+        ),
         15,
     )
     text = mon.scrape()

@@ -60,7 +60,9 @@ def test_a_record_without_the_physical_share() -> None:
     old.oversubscribe = False
     assert limits.from_record(old)[0].device_limit == 8 << 30
     with pytest.raises(limits.LimitsError):  # a share above the slice is never rendered
-        limits.render([limits.DeviceLimit(uuid="GPU-x", memory_limit=1, core_percent=1, oversubscribe=True, device_limit=2)])
+        limits.render(
+            [limits.DeviceLimit(uuid="GPU-x", memory_limit=1, core_percent=1, oversubscribe=True, device_limit=2)]
+        )
 
 
 def test_paths_reject_traversal() -> None:
