@@ -84,7 +84,7 @@ def test_a_deleted_default_scheduler_pods_slice_is_released(cluster: Cluster, po
     device checkpoint only in UpdateAllocatedDevices (pkg/kubelet/cm/devicemanager/manager.go), at
     its next Allocate on the node; until then the GPU stayed partly taken by nobody. Every published
     slice now names its pod (from the kubelet checkpoint), and a deleted pod's slice stops counting
-    as soon as the pod watch sees it gone, although its record stays (docs/scheduler.md, "Usage
+    as soon as the pod watch sees it gone, although its record stays (docs/developers/scheduler.md, "Usage
     accounting: one truth"). On the real cluster it was released 0 s after the pod was gone."""
     node, uuid, held, _gpu = _classic_pod(cluster, pods)
     pods.cleanup()  # the pod is gone from the API (its containers stopped)

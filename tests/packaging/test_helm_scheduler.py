@@ -360,7 +360,7 @@ def test_webhook_match_condition_on_the_recorded_pods() -> None:
 
 
 def test_webhook_condition_is_the_one_documented() -> None:
-    text = (ROOT / "docs" / "scheduler.md").read_text()
+    text = (ROOT / "docs" / "operators" / "scheduling.md").read_text()
     assert f"```cel\n{_condition()}\n```" in text
 
 
