@@ -1,4 +1,4 @@
-"""One truth for usage (issue 15, problem 4): a vGPU pod placed by default-scheduler (or before
+"""One truth for usage: a vGPU pod placed by default-scheduler (or before
 vgpu-scheduler was installed) holds 1/K of a GPU that the scheduler must count, so the rest of that
 GPU is all it may give away; and once that pod is gone, its slice must stop counting, or the GPU
 stays partly taken by nobody.
