@@ -75,8 +75,9 @@ image: host-deps-image venv build-all
 # --- benchmarks (each prints name=value lines, last line a summary) -------------
 bench-intercept: venv build-all
 	$(PY) tests/bench/bench_intercept.py
+# BENCH_HOOK_BASELINE=<git revision>: an interleaved A/B against that revision's hook in the same run.
 bench-hook: venv build-all
-	$(PY) tests/bench/bench_hook.py
+	BENCH_HOOK_BASELINE=$(BENCH_HOOK_BASELINE) $(PY) tests/bench/bench_hook.py
 bench-plugin: venv build-all
 	$(PY) tests/bench/bench_plugin.py
 bench-shares: venv build-all
