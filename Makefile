@@ -41,7 +41,7 @@ test: host-deps-test venv build-all
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The acceptance suite against the cluster $KUBECONFIG names (tests/cluster; `make test` never
-# runs it). VGPU_TEST_* variables: docs/scheduler.md, "Acceptance suite".
+# runs it). VGPU_TEST_* variables: docs/operators/install.md, "Acceptance suite".
 test-cluster: venv
 	$(PY) -m pytest tests/cluster $(PYTEST_ARGS)
 

@@ -13,7 +13,7 @@ Keyword overrides apply to every device (device keys: uuid, name, memory, pci_bu
 context_overhead, reserved, pci_device_id, sm_count, cc_major, cc_minor, minor_number,
 memory_bandwidth, host_link_bandwidth) or to the
 node (queue_depth, timeslice_us, sample_period_ms, util_window_ms, driver_version, cuda_version).
-See docs/fakegpu.md for the file formats and the model.
+See docs/developers/simulators.md for the file formats and the model.
 """
 
 from __future__ import annotations
