@@ -11,7 +11,7 @@ A vGPU of a GPU with M bytes gets floor(S*M/K) bytes (S = memory scaling) and
 100*C/K percent of compute (C = cores scaling). With S > 1 only floor(slice / S) of a slice may be
 resident on the GPU (its physical share, `device_share`): the K shares of a GPU never add up to
 more than M, so no container's VRAM is taken by a neighbour's oversubscription; the rest of the
-slice lives in host memory (docs/intercept.md, "Virtual device memory").
+slice lives in host memory (docs/developers/intercept.md, "Virtual device memory").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 /* oversub.h — virtual device memory (memory scaling S > 1): what a container
  * allocates beyond its physical share lives in host memory, reached by the GPU
- * through unified memory (docs/intercept.md, "Virtual device memory").
+ * through unified memory (docs/developers/intercept.md, "Virtual device memory").
  *
  * The rule: a container's device-resident bytes never exceed its physical
  * share (limits file: device_limit), so a neighbour is never refused memory

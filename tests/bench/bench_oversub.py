@@ -4,7 +4,7 @@ what it costs its neighbour (nothing, is the target).
 The workload: a working set of W bytes (BENCH_OVERSUB_WORKSET, default 8 GiB) in 512 MiB
 cuMemAlloc_v2 allocations, and a stream of kernels reading all of it, pass after pass (the kernel
 "touch" of build/intercept/cutest: a grid-stride read of every word; on the simulated GPU its run
-time is what those bytes cost where they live, docs/fakegpu.md "Kernel model"). It runs through
+time is what those bytes cost where they live, docs/developers/simulators.md "Kernel model"). It runs through
 libvgpu.so in a container whose slice is W and whose physical share is W x (1 - x) for x = 0 %,
 25 %, 50 % and 75 % oversubscribed: the library puts the part beyond the share in host memory
 (unified memory advised to stay there), which the kernels then read over the host link. At the

@@ -86,7 +86,7 @@ void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
 /* PTX of the kernel "touch(const u64 *p, u64 bytes)": every thread of a grid-stride loop reads
  * its 8-byte words of [p, p + bytes) once (a memory-bound kernel).  The simulator runs a kernel
- * of that name for what reading those bytes costs where they live (docs/fakegpu.md). */
+ * of that name for what reading those bytes costs where they live (docs/developers/simulators.md). */
 extern const char touch_ptx[];
 
 #endif
