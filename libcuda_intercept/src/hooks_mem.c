@@ -273,8 +273,9 @@ static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUr
     int idx, kind, b = begin(dev, &idx, &ord, &rc);
     if (b <= 0)
         return b < 0 ? rc : (pfn ? pfn(dptr, n, pool, s) : fn(dptr, n, s));
-    int host_ok = !vgpu_os_capturing(s, per_thread);
-    if (vgpu_os_charge(idx, ord, n, host_ok, pfn ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync", &kind) != 0)
+    vgpu_os_stream = s;
+    if (vgpu_os_charge(idx, ord, n, VGPU_OS_HOST_UNLESS_CAPTURED(per_thread),
+                       pfn ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync", &kind) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct managed_args ma = {dptr, n, ord};
     if (kind == VGPU_KIND_HOST) {
@@ -283,7 +284,7 @@ static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUr
         vgpu_in_hook++;
         rc = pfn ? pfn(dptr, n, pool, s) : fn(dptr, n, s);
         vgpu_in_hook--;
-        if (host_ok)
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY && !vgpu_os_capturing(s, per_thread))
             rc = to_host_after_oom(rc, idx, ord, n, &kind, managed_host, &ma);
     }
     if (rc != CUDA_SUCCESS) {

@@ -83,6 +83,16 @@ static int managed_ok(CUdevice ord)
 
 int vgpu_os_can_host(int idx, CUdevice ord) { return vgpu_limits()->dev[idx].oversubscribe && managed_ok(ord); }
 
+VGPU_TLS CUstream vgpu_os_stream;
+
+/* host_ok: 0 no, 1 yes, 2/3 yes unless vgpu_os_stream is captured (3: the per-thread variant) */
+static int host_allowed(int host_ok)
+{
+    if (host_ok < 2)
+        return host_ok;
+    return !vgpu_os_capturing(vgpu_os_stream, host_ok == 3);
+}
+
 int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *what, int *kind)
 {
     const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
@@ -93,7 +103,7 @@ int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *w
             *kind = VGPU_KIND_DEVICE;
             return 0;
         }
-        if (r == VGPU_OVER_SHARE && host_ok && vgpu_os_can_host(idx, ord)) {
+        if (r == VGPU_OVER_SHARE && vgpu_os_can_host(idx, ord) && (host_ok = host_allowed(host_ok))) {
             r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, L->device_limit, vgpu_ctx_reserve(),
                                 VGPU_KIND_HOST);
             if (r == 0) {
@@ -109,10 +119,11 @@ int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *w
         break;
     }
     if (r == VGPU_OVER_SHARE) {
-        const char *why = !host_ok                   ? "this kind of memory cannot live in host memory"
-                          : !L->oversubscribe         ? "oversubscription is off"
-                          : !managed_ok(ord)          ? "the device has no concurrent managed access"
-                                                      : "the slice is full";
+        const char *why = !host_ok                  ? "this kind of memory cannot live in host memory"
+                          : !L->oversubscribe        ? "oversubscription is off"
+                          : !managed_ok(ord)         ? "the device has no concurrent managed access"
+                          : !host_allowed(host_ok)   ? "the stream is being captured into a graph"
+                                                     : "the slice is full";
         int lvl = first_refusal(what) ? VGPU_LOG_ERROR : VGPU_LOG_INFO;
         VLOG(lvl, "%s: refusing %llu bytes on %s: device-resident memory would exceed the container's physical share "
                   "of %llu bytes (%s)",

@@ -18,6 +18,10 @@
  * 0 with *kind = VGPU_KIND_DEVICE or VGPU_KIND_HOST, or -1 (refused, logged;
  * the caller returns CUDA_ERROR_OUT_OF_MEMORY). */
 int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *what, int *kind);
+/* host_ok for a stream-ordered allocation on stream s: not while s is being captured (asked of
+ * the driver only when the share is reached, never on the common path) */
+#define VGPU_OS_HOST_UNLESS_CAPTURED(per_thread) ((per_thread) ? 3 : 2)
+extern VGPU_TLS CUstream vgpu_os_stream; /* the stream for VGPU_OS_HOST_UNLESS_CAPTURED */
 
 /* 1 if a device allocation that the driver refused for lack of memory may be
  * moved to host memory (oversubscription on, managed memory usable). */
