@@ -41,8 +41,11 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Table
 
-from node_setup import nodetype
-from node_setup.nodetype import Root
+from node_setup.nodetype import report
+from node_setup.nodetype.detect import detect as detect_node
+from node_setup.nodetype.facts import NodeFacts
+from node_setup.nodetype.root import DetectError, Root
+from node_setup.nodetype.toolkit import runtime_mode
 
 V2_CRI = "io.containerd.grpc.v1.cri"
 V3_RUNTIME = "io.containerd.cri.v1.runtime"
@@ -230,7 +233,7 @@ class Choice:
         self.notes = notes
 
 
-def choose_handler(facts: nodetype.NodeFacts, nvidia_runtime: str | None, without: bool) -> Choice:
+def choose_handler(facts: NodeFacts, nvidia_runtime: str | None, without: bool) -> Choice:
     """The table the vgpu handler starts from (a deep copy; ours is added by `vgpu_table`)."""
     notes: list[str] = []
     nv = facts.handler(facts.nvidia_handler) if facts.nvidia_handler else None
@@ -246,7 +249,7 @@ def choose_handler(facts: nodetype.NodeFacts, nvidia_runtime: str | None, withou
         table.setdefault("runtime_type", "io.containerd.runc.v2")
         binary = nv.binary_name
         tk = facts.toolkit
-        if nodetype.runtime_mode(binary, tk) == "cdi":
+        if runtime_mode(binary, tk) == "cdi":
             binary, note = _cdi_mode_binary(facts, binary)
             table.setdefault("options", {})["BinaryName"] = binary
             notes.append(note)
@@ -258,13 +261,13 @@ def choose_handler(facts: nodetype.NodeFacts, nvidia_runtime: str | None, withou
     return Choice(table, "runc" if runc else "", "", ["--without-nvidia-runtime: containers get no GPU from us"])
 
 
-def uuid_named_kinds(facts: nodetype.NodeFacts) -> set[str]:
+def uuid_named_kinds(facts: NodeFacts) -> set[str]:
     """Kinds of the node's CDI specs that name GPUs by UUID (`nvidia-ctk cdi generate` names each
     GPU by index and by UUID; the installer's management spec has only `all`)."""
     return {c.kind for c in facts.cdi_specs if any(d.startswith(("GPU-", "MIG-")) for d in c.devices)}
 
 
-def _cdi_mode_binary(facts: nodetype.NodeFacts, binary: str) -> tuple[str, str]:
+def _cdi_mode_binary(facts: NodeFacts, binary: str) -> tuple[str, str]:
     """The BinaryName for a handler whose NVIDIA runtime runs in cdi mode, and why.
 
     In cdi mode the device plugin's NVIDIA_VISIBLE_DEVICES=<uuid> becomes `<default-kind>=<uuid>`
@@ -304,7 +307,7 @@ def _cdi_mode_binary(facts: nodetype.NodeFacts, binary: str) -> tuple[str, str]:
     return binary, f"NVIDIA runtime in cdi mode, kept ({why}{how})"
 
 
-def vgpu_table(choice: Choice, base_spec: str, facts: nodetype.NodeFacts) -> dict[str, Any]:
+def vgpu_table(choice: Choice, base_spec: str, facts: NodeFacts) -> dict[str, Any]:
     """The copied table plus our base_runtime_spec and container_annotations."""
     table = json.loads(json.dumps(choice.table))
     table["base_runtime_spec"] = base_spec
@@ -344,7 +347,7 @@ def _runtimes_v2(doc: Any) -> Any:
     return _table(cri, "containerd")
 
 
-def implicit_handlers(facts: nodetype.NodeFacts, handler: str) -> dict[str, dict[str, Any]]:
+def implicit_handlers(facts: NodeFacts, handler: str) -> dict[str, dict[str, Any]]:
     """The handlers a 1.x config file gets from containerd's built-in defaults only.
 
     containerd 1.x decodes `runtimes` as a whole map: a file that defines any runtime replaces
@@ -432,7 +435,7 @@ def ensure_import(text: str, pattern: str) -> str:
     return tomlkit.dumps(doc)
 
 
-def _target_v2(facts: nodetype.NodeFacts) -> str:
+def _target_v2(facts: NodeFacts) -> str:
     """The file install edits on containerd 1.x: the one whose CRI section containerd uses.
 
     On 1.x `imports` replace plugin sections per key: a drop-in that names the CRI plugin
@@ -466,7 +469,7 @@ def _major(explicit: str | None) -> int | None:
 def _read(root: Root, path: str) -> str | None:
     try:
         return root.read(path)
-    except nodetype.DetectError as e:
+    except DetectError as e:
         raise InstallError(str(e)) from None
 
 
@@ -499,7 +502,7 @@ def _sha(text: str | None) -> str:
     return hashlib.sha256((text or "").encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _default_config_text(root: Root, facts: nodetype.NodeFacts) -> str:
+def _default_config_text(root: Root, facts: NodeFacts) -> str:
     if facts.containerd_bin:
         r = root.run(facts.containerd_bin, "config", "default")
         if r is not None and r.returncode == 0 and r.stdout.strip():
@@ -510,7 +513,7 @@ def _default_config_text(root: Root, facts: nodetype.NodeFacts) -> str:
 class Plan:
     """What install would write: {host path: new text}, the node facts and what it decided."""
 
-    def __init__(self, root: Root, facts: nodetype.NodeFacts) -> None:
+    def __init__(self, root: Root, facts: NodeFacts) -> None:
         self.root = root
         self.facts = facts
         self.files: dict[str, str] = {}
@@ -544,9 +547,9 @@ def resolved_args(args: argparse.Namespace, cfg: Any) -> list[str]:
     return out
 
 
-def detect_args(args: argparse.Namespace) -> nodetype.NodeFacts:
+def detect_args(args: argparse.Namespace) -> NodeFacts:
     try:
-        return nodetype.detect(
+        return detect_node(
             os.path.abspath(args.containerd_config),
             root=args.root,
             containerd_bin=args.containerd_bin,
@@ -554,7 +557,7 @@ def detect_args(args: argparse.Namespace) -> nodetype.NodeFacts:
             major=_major(getattr(args, "containerd_version", None)),
             exclude=getattr(args, "handler", "vgpu"),
         )
-    except nodetype.DetectError as e:
+    except DetectError as e:
         raise InstallError(str(e)) from None
 
 
@@ -582,7 +585,7 @@ def plan_install(args: argparse.Namespace, cfg: Any) -> tuple[Plan, dict[str, An
         # saying "configured" would leave a node whose kubelet cannot start any pod.
         raise InstallError(
             f"containerd's CRI plugin will not load with this configuration: {facts.cri_error}. "
-            f"{nodetype.cri_fix(facts)}; then re-run this command"
+            f"{report.cri_fix(facts)}; then re-run this command"
         )
     choice = choose_handler(facts, args.nvidia_runtime, args.without_nvidia_runtime)
     source = args.base_spec_source
@@ -746,7 +749,7 @@ def uninstall(args: argparse.Namespace) -> int:
 def show(args: argparse.Namespace, cfg: Any) -> int:
     plan, _ = plan_install(args, cfg)
     out = sys.stdout
-    for line in nodetype.summary(plan.facts):
+    for line in report.summary(plan.facts):
         out.write(f"# {line}\n")
     c = plan.choice
     if c is not None:
@@ -773,9 +776,9 @@ def show(args: argparse.Namespace, cfg: Any) -> int:
 def detect(args: argparse.Namespace) -> int:
     facts = detect_args(args)
     if getattr(args, "json", False):
-        sys.stdout.write(nodetype.to_json(facts))
+        sys.stdout.write(report.to_json(facts))
     else:
-        sys.stdout.write("\n".join(nodetype.summary(facts)) + "\n")
+        sys.stdout.write("\n".join(report.summary(facts)) + "\n")
     return 0
 
 

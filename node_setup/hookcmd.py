@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.realpath(root) == "/":
             cfg = load_config(ns.config, overrides)
         else:  # the node config is a host file too: read it under --root
-            from node_setup.nodetype import Root
+            from node_setup.nodetype.root import Root
             from vgpu import config as vconfig
 
             cfg = load_config(Root(root).fs(ns.config or vconfig.config_path_from_env()), overrides)

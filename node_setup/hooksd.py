@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from node_setup import containerd
-from node_setup.nodetype import Root
+from node_setup.nodetype.root import Root
 
 DEFAULT_DIR = "/usr/share/containers/oci/hooks.d"
 TOKEN_ANNOTATION = "vgpu.k8s.io/allocation-token"

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from node_setup import containerd, nodetype
+from node_setup import containerd
 from node_setup import hookcmd as cli
+from node_setup.nodetype.detect import detect as detect_node
 from tests.support import ctrd
 
 pytestmark = pytest.mark.timeout(120)
@@ -381,7 +382,7 @@ def test_2x_install_on_the_default_version_4_config(tmp_path: Path, spec_src: Pa
     assert conf.read_bytes() == original  # the import is there already
     drop = tomlkit.parse((conf.parent / "conf.d" / "vgpu.toml").read_text()).unwrap()
     assert drop["version"] == 3 and "vgpu" in drop["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
-    f = nodetype.detect(str(conf), containerd_bin=str(tmp_path / "none"), major=2)
+    f = detect_node(str(conf), containerd_bin=str(tmp_path / "none"), major=2)
     assert f.handler("vgpu") is not None and f.handler("runc") is not None and f.cri_error == ""
     assert _run(tmp_path, "uninstall", "--containerd-config", str(conf)) == 0
     assert conf.read_bytes() == original and not (conf.parent / "conf.d" / "vgpu.toml").exists()
