@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from node_setup.containerd.handler import uuid_named_kinds
+from node_setup.containerd.plan import sidecar_path
 from node_setup.nodetype import report
 from node_setup.nodetype.detect import detect as detect_node
 from node_setup.nodetype.facts import NVIDIA_BINARIES, NodeFacts
@@ -142,14 +144,9 @@ def _hook_of(spec: dict[str, Any]) -> tuple[str, str, dict[str, str]]:
     return "", "", {}
 
 
-def _uuid_kinds(f: NodeFacts) -> set[str]:
-    """CDI kinds whose specs name GPUs by UUID (`nvidia-ctk cdi generate`: by index and UUID)."""
-    return {c.kind for c in f.cdi_specs if any(d.startswith(("GPU-", "MIG-")) for d in c.devices)}
-
-
 def _sidecar(root: Root, conf: str) -> dict[str, Any]:
     try:
-        text = root.read(conf + ".vgpu-hook.json")
+        text = root.read(sidecar_path(conf))
         d = json.loads(text) if text else {}
     except (DetectError, ValueError):
         return {}
@@ -353,7 +350,7 @@ class Doctor:
         why: list[str] = []
         for st in strategies:
             if st in ("envvar", "volume-mounts"):
-                if mode != "cdi" or tk.default_kind in _uuid_kinds(f):
+                if mode != "cdi" or tk.default_kind in uuid_named_kinds(f):
                     return None
                 why.append(f"{st}: bare UUIDs become {tk.default_kind}=<uuid>, which no CDI spec defines")
             elif st == "cdi-annotations":

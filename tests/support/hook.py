@@ -89,10 +89,10 @@ def hooks(
     state_dir: Path, library: Path, log_dir: Path, *, shell: bool = False, python: str = sys.executable
 ) -> dict[str, Any]:
     """Hook objects as `vgpu-hook containerd install` writes them (shell=True: with the sh filter)."""
-    from node_setup import containerd
+    from node_setup.hookspec import hook_entries
 
     gargs = hook_args("x", state_dir=state_dir, library=library, log_dir=log_dir)[4:-1]
-    entries = containerd.hook_entries(python, gargs, 30, str(state_dir) if shell else None)
+    entries = hook_entries(python, gargs, 30, str(state_dir) if shell else None)
     return {k: [v] for k, v in entries.items()}
 
 

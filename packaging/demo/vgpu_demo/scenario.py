@@ -281,7 +281,7 @@ class Demo:
     # ---- 3. containers ------------------------------------------------------------------------
 
     def _hooks(self) -> dict[str, Any]:
-        from node_setup import containerd
+        from node_setup.hookspec import hook_entries
 
         lib = self.build / "libvgpu.so"
         gargs = [
@@ -296,7 +296,7 @@ class Demo:
             "--log-level",
             "info",
         ]
-        entries = containerd.hook_entries(sys.executable, gargs, 30, str(self.state_dir))
+        entries = hook_entries(sys.executable, gargs, 30, str(self.state_dir))
         return {kind: [entry] for kind, entry in entries.items()}
 
     def _script(self, pod: Pod) -> str:
