@@ -95,7 +95,7 @@ def _load_manifest(opts: Options) -> Manifest | None:
 
 def _write_manifest(prefix: Path, man: Manifest) -> None:
     data = json.dumps(msgspec.to_builtins(man), indent=2, sort_keys=True).encode() + b"\n"
-    files.write_atomic(prefix / MANIFEST, data, 0o644)
+    files.write_if_changed(prefix / MANIFEST, data, 0o644)
 
 
 def hook_sources() -> tuple[Path, list[str]]:
@@ -249,7 +249,7 @@ def _put_library(prefix: Path, lib_data: bytes, lib_name: str, prev_lib: str | N
     """A versioned file, then the link swap (a process that mapped the old one keeps its inode);
     other versions pruned. Returns what changed."""
     changed: list[str] = []
-    if files.write_atomic(prefix / "lib" / lib_name, lib_data, 0o644):
+    if files.write_if_changed(prefix / "lib" / lib_name, lib_data, 0o644):
         changed.append(f"lib/{lib_name}")
     if files.symlink_atomic(prefix / LIBRARY_LINK, lib_name):
         changed.append(LIBRARY_LINK)
@@ -342,7 +342,7 @@ def install(opts: Options) -> list[str]:
         files.remove(tmp)
         for rel, data in sources:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            files.write_atomic(tmp / rel, data, 0o644)
+            files.write_if_changed(tmp / rel, data, 0o644)
         for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
             os.chmod(d, 0o755)
         os.rename(tmp, hook_dir)
@@ -351,7 +351,7 @@ def install(opts: Options) -> list[str]:
         changed.append(HOOK_LINK)
     files.prune(prefix / "hook", {hook_name, "current", *([prev_hook] if prev_hook else [])}, "")
 
-    if files.write_atomic(prefix / LAUNCHER, launcher_text(python, opts.prefix).encode(), 0o755):
+    if files.write_if_changed(prefix / LAUNCHER, launcher_text(python, opts.prefix).encode(), 0o755):
         changed.append(LAUNCHER)
 
     notes: list[str] = []
@@ -404,7 +404,7 @@ def uninstall(opts: Options) -> list[str]:
             sd = prefix / sub
             if sd.is_dir() and not sd.is_symlink():
                 for entry in sd.iterdir():
-                    if entry.name.endswith(files.TMP_SUFFIX) or _VERSIONED.get(sub, _NOTHING).fullmatch(entry.name):
+                    if files.is_temporary(entry.name) or _VERSIONED.get(sub, _NOTHING).fullmatch(entry.name):
                         files.remove(entry)
         files.remove(prefix / MANIFEST)
         for d in reversed(man.created_dirs):
