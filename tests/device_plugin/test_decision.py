@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from device_plugin import decision
+from device_plugin import decision, decisionpolicy
 from nodecore.devices import DeviceTable, Slicing
 from sim.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
 from sim.kubelet import ContainerSpec, FakeKubelet
@@ -314,7 +314,7 @@ def test_terminating_and_invalid_decisions_are_skipped() -> None:
         pod({**base, scheduling.BIND_PHASE_ANNOTATION: scheduling.PHASE_SUCCESS}),
         {**pod(base), "status": {"phase": "Failed"}},
     ]
-    got = decision.pending_pods(json.dumps({"items": items}).encode(), NODE)
+    got = decisionpolicy.pending_pods(json.dumps({"items": items}).encode(), NODE)
     assert len(got) == 1 and got[0].bind_time == 1.0  # no bind-time: the decision's time
 
 
