@@ -133,7 +133,9 @@ def _nvidia_facts(
 ) -> None:
     """The NVIDIA handler install copies, the toolkit config it reads, the node type, the CDI specs."""
     nv = classify.pick_nvidia(facts.handlers, facts.default_runtime, exclude)
-    spec_dirs = list(facts.cdi_spec_dirs)
+    # The specs that can reach a container: containerd's directories where its CDI is on (a
+    # containerd without CDI - every 1.6 - never reads them), the NVIDIA runtime's in any case.
+    spec_dirs = list(facts.cdi_spec_dirs) if facts.cdi_enabled else []
     if nv is not None:
         facts.nvidia_handler = nv.name
         legacy = classify.legacy_sibling(nv.binary_name)
