@@ -78,6 +78,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from sim.kubeapi import node_object, pod_object  # noqa: E402
+from tests.support.inventory import inventory as support_inventory  # noqa: E402
 from vgpu import scheduling as sc  # noqa: E402
 from vgpu_scheduler import fit, snapshot  # noqa: E402
 from vgpu_scheduler.config import SchedulerConfig  # noqa: E402
@@ -101,20 +102,10 @@ def gpu_uuid(node: str, i: int) -> str:
 
 
 def inventory(node: str) -> sc.NodeInventory:
-    gpus = [
-        sc.InventoryGPU(
-            uuid=gpu_uuid(node, i),
-            index=i,
-            model="NVIDIA A100-SXM4-80GB",
-            memory=MEM_GIB * GiB,
-            memory_schedulable=MEM_GIB * GiB,
-            cores=100,
-            split_count=SPLIT,
-            numa=i // 4,
-        )
-        for i in range(GPUS)
-    ]
-    return sc.NodeInventory(split_count=SPLIT, heartbeat=time.time() + 3600, gpus=gpus)
+    return support_inventory(
+        node, GPUS, mem_gib=MEM_GIB, split=SPLIT, numa=[i // 4 for i in range(GPUS)], heartbeat=time.time() + 3600,
+        uuids=[gpu_uuid(node, i) for i in range(GPUS)],
+    )  # fmt: skip
 
 
 def node_name(n: int, total: int) -> str:

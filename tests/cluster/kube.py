@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tests.support.poll import wait_for
 from vgpu import __version__
 from vgpu import scheduling as sc
 from vgpuctl import cluster as vcluster
@@ -69,16 +70,9 @@ class Settings:
 
 
 def wait(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
-    """Poll `pred` until it returns something true; AssertionError naming `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = pred()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
+    """Poll `pred` until it returns something true, every `every` s (a real API server's pace);
+    AssertionError naming `what` on timeout (tests.support.poll.wait_for)."""
+    return wait_for(pred, timeout, what, step=every)
 
 
 class Cluster:

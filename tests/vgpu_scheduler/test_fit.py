@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tests.vgpu_scheduler.helpers import GiB, MiB, gpu_node, uuid
+from tests.support.inventory import uuid
+from tests.vgpu_scheduler.helpers import GiB, MiB, gpu_node
 from vgpu import scheduling as sc
 from vgpu_scheduler import fit, snapshot
 from vgpu_scheduler.config import SchedulerConfig

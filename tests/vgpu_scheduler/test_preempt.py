@@ -14,18 +14,10 @@ from typing import Any
 
 from sim.kubeapi import KubeAPI
 from sim.kubescheduler import ExtenderConfig, KubeScheduler
-from tests.vgpu_scheduler.helpers import (
-    GiB,
-    MiB,
-    Running,
-    decision_of,
-    gpu_node,
-    post,
-    running_scheduler,
-    uuid,
-    vgpu_pod,
-    wait_for,
-)
+from tests.support.http import post_json
+from tests.support.inventory import uuid
+from tests.support.poll import wait_for
+from tests.vgpu_scheduler.helpers import GiB, MiB, Running, decision_of, gpu_node, running_scheduler, vgpu_pod
 from vgpu import scheduling as sc
 from vgpu_scheduler import fit, requests
 from vgpu_scheduler.config import SchedulerConfig
@@ -157,7 +149,7 @@ def test_preempt_wire_format_both_node_cache_modes(kubeapi: KubeAPI) -> None:
                 "n2": {"Pods": [{"UID": "whatever"}], "NumPDBViolations": 0},  # 8 GiB GPU: never fits
             },
         }
-        code, out = post(s.url + "/preempt", meta)
+        code, out = post_json(s.url + "/preempt", meta)
         assert code == 200
         assert out == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": uid["c"]}], "NumPDBViolations": 1}}}
         full = {
@@ -165,17 +157,17 @@ def test_preempt_wire_format_both_node_cache_modes(kubeapi: KubeAPI) -> None:
             "NodeNameToVictims": {"n1": {"Pods": [kubeapi.get("pods", "b")], "NumPDBViolations": 0}},
             "NodeNameToMetaVictims": None,
         }
-        assert post(s.url + "/preempt", full) == (
+        assert post_json(s.url + "/preempt", full) == (
             200,
             {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": uid["c"]}], "NumPDBViolations": 0}}},
         )
         # a pod of equal or higher priority is never named
         mid = kubeapi.create("pods", pod("mid", 12288, 100))
-        assert post(s.url + "/preempt", {**meta, "Pod": mid})[1] == {"NodeNameToMetaVictims": {}}
-        assert post(s.url + "/preempt", {"Pod": 3})[0] == 400
+        assert post_json(s.url + "/preempt", {**meta, "Pod": mid})[1] == {"NodeNameToMetaVictims": {}}
+        assert post_json(s.url + "/preempt", {"Pod": 3})[0] == 400
     with running_scheduler(kubeapi, SchedulerConfig(leader_elect=True, lease_duration_s=60)) as s2:
         s2.service.extender.is_leader = lambda: False
-        code, out = post(s2.url + "/preempt", meta)
+        code, out = post_json(s2.url + "/preempt", meta)
         assert code == 503 and out["Error"] == "vgpu-scheduler: not the leader"
 
 

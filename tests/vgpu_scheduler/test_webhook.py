@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import base64
-import http.client
 import json
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +16,18 @@ import pytest
 from sim.admission import verify_admission_response
 from sim.kubeapi import KubeAPI, apply_json_patch, pod_object
 from tests.support import traces
-from tests.vgpu_scheduler.helpers import MiB, Running, decision_of, gpu_node, running_scheduler, wait_for
+from tests.support.http import post_ok
+from tests.support.poll import wait_for
+from tests.vgpu_scheduler.helpers import (
+    MiB,
+    Running,
+    decision_of,
+    gpu_node,
+    running_scheduler,
+    send_raw,
+    start_process,
+    stop_process,
+)
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
 
@@ -78,11 +85,7 @@ def admit(s: Running, pod: dict[str, Any], tls: dict[str, str] | None = None, op
             "object": pod,
         },
     }
-    req = urllib.request.Request(
-        s.url + "/webhook", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
-        out = json.loads(r.read())
+    out = post_ok(s.url + "/webhook", body, context=ctx)
     assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
     assert out["response"]["uid"] == "req-1"
     return out["response"]
@@ -227,44 +230,6 @@ WEBHOOK_TRACES = [
     "webhook/c-no-gpu.json",
     "webhook/d-job-created-pod-generateName.json",
 ]
-
-
-def start_process(kc: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
-    """`python -m vgpu_scheduler` (the real program) on a free port; (process, port)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc), *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "serving on" not in line:
-        proc.kill()
-        raise AssertionError(line + (proc.stderr.read() if proc.stderr else ""))
-    return proc, int(line.rsplit(":", 1)[1])
-
-
-def stop_process(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def send_raw(port: int, data: bytes, ctx: ssl.SSLContext | None) -> tuple[int, dict[str, str], bytes]:
-    """Send these bytes as they are (TLS when ctx) and read one HTTP response."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
-    with sock:
-        conn = ctx.wrap_socket(sock, server_hostname="127.0.0.1") if ctx else sock
-        conn.sendall(data)
-        resp = http.client.HTTPResponse(conn)
-        resp.begin()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
 
 
 @pytest.fixture(scope="module")
