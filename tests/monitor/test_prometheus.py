@@ -83,7 +83,7 @@ class World:
 
 
 def _chart(port: int) -> dict[str, dict[str, Any]]:
-    from tests.packaging.test_helm import by_kind, render
+    from tests.support.helm import by_kind, render
 
     objects = render(
         {

@@ -176,8 +176,8 @@ def node(image: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Ite
 
     from sim.fakegpu import toolkit as fk
     from sim.fakegpu.harness import FakeGPU
-    from tests.packaging.test_helm import render
     from tests.support.cri import api_pb2_grpc as cri_grpc
+    from tests.support.helm import render
 
     why = ctrd.available()
     if why:

@@ -31,7 +31,7 @@ NS = "kube-system"
 
 
 def _render(values: dict[str, Any]) -> dict[str, Any]:
-    from tests.packaging.test_helm import render
+    from tests.support.helm import render
 
     [mwc] = [o for o in render(values, namespace=NS) if o["kind"] == "MutatingWebhookConfiguration"]
     return mwc
