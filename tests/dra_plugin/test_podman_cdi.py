@@ -12,7 +12,6 @@ read or written."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,16 +26,12 @@ from sim.fakegpu.harness import FakeGPU
 from tests.dra_plugin.conftest import GIB, make_cfg
 from tests.dra_plugin.support import Claims, start_plugin
 from tests.support import hook as support
-from tests.support.podman import Podman
-from tests.support.podman import available as podman_available
+from tests.support.podman import Podman, needs_podman
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not podman_available() or not os.path.exists("/bin/busybox"),
-        reason="needs root, podman, unshare and busybox-static",
-    ),
+    needs_podman,
 ]
 LIB_DIR = "/usr/local/nvidia/lib64"
 BURN = "/opt/fakegpu/fakegpu-burn"

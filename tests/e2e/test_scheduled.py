@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,8 +27,10 @@ if str(DEMO_DIR) not in sys.path:
 
 from vgpu_demo import scenario  # noqa: E402
 
+from sim.admission import admission_review  # noqa: E402
 from sim.kubeapi import KubeAPI, apply_json_patch, node_object, pod_object  # noqa: E402
 from sim.kubescheduler import ExtenderConfig, KubeScheduler  # noqa: E402
+from tests.support.hook import have_runc  # noqa: E402
 from tests.support.http import post_ok  # noqa: E402
 from tests.support.poll import wait_for  # noqa: E402
 from vgpu import scheduling as sc  # noqa: E402
@@ -43,29 +43,13 @@ NODE = "gpu-node-1"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("runc") is None or not os.path.exists("/bin/busybox"),
-        reason="needs root, runc and busybox-static",
-    ),
+    pytest.mark.skipif(not have_runc(), reason="needs root, runc and busybox-static"),
     pytest.mark.timeout(300),
 ]
 
 
 def _admission(url: str, pod: dict[str, Any]) -> dict[str, Any]:
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "e2e-1",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "default",
-            "name": pod["metadata"]["name"],
-            "object": pod,
-        },
-    }
-    out: dict[str, Any] = post_ok(f"{url}/webhook", review)["response"]
+    out: dict[str, Any] = post_ok(f"{url}/webhook", admission_review(pod, "default"))["response"]
     assert out["allowed"], out
     return out
 

@@ -11,7 +11,6 @@ because root here may lack CAP_SYS_RESOURCE."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,16 +21,12 @@ from node_setup import hookcmd as cli
 from sim.fakegpu import toolkit as tk
 from sim.fakegpu.harness import FakeGPU
 from tests.support import hook as support
-from tests.support.podman import Podman
-from tests.support.podman import available as podman_available
+from tests.support.podman import Podman, needs_podman
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.timeout(180),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not podman_available() or not os.path.exists("/bin/busybox"),
-        reason="needs root, podman, unshare and busybox-static",
-    ),
+    needs_podman,
 ]
 LIB_DIR = "/usr/local/nvidia/lib64"
 BURN = "/opt/fakegpu/fakegpu-burn"

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 ETC_CDI, RUN_CDI = Path("/etc/cdi"), Path("/var/run/cdi")
 
 # Bind-mounts each "$1" over "$2" up to "--" (in this mount namespace only), then runs the rest.
@@ -26,7 +28,11 @@ _BIND = 'set -e; while [ "$1" != -- ]; do mount --bind "$1" "$2"; shift 2; done;
 
 
 def available() -> bool:
-    return shutil.which("podman") is not None and shutil.which("unshare") is not None
+    """Root, podman, unshare(1) and busybox-static (the containers' rootfs)."""
+    return os.geteuid() == 0 and all(shutil.which(x) for x in ("podman", "unshare")) and os.path.exists("/bin/busybox")
+
+
+needs_podman = pytest.mark.skipif(not available(), reason="needs root, podman, unshare and busybox-static")
 
 
 class Podman:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from sim.admission import admission_review
 from sim.kubeapi import KubeAPI, pod_object
 from sim.kubescheduler import ExtenderConfig, KubeScheduler
 from tests.support.http import post_json
@@ -318,17 +319,8 @@ def test_webhook_only_serves_no_extender_verb(kubeapi: KubeAPI) -> None:
             assert code == 404 and "not served here (--serve webhook)" in out["Error"], verb
         assert decision_of(kubeapi, "p") is None and not kubeapi.get("pods", "p")["spec"].get("nodeName")
         assert r.service.state.pods == {} and r.service.state.nodes  # Nodes only: no pod state
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "u1",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "operation": "CREATE",
-                "namespace": "default",
-                "object": pod_object("big", [("main", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"})]),
-            },
-        }
+        big = pod_object("big", [("main", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"})])
+        review = admission_review(big, "default")
         code, out = post_json(r.url + "/webhook", review)
         assert code == 200 and out["response"]["allowed"] is False  # sized against the Node view
         assert "16384" in out["response"]["status"]["message"] or "MiB" in out["response"]["status"]["message"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sim.admission import verify_admission_response
+from sim.admission import admission_review, verify_admission_response
 from sim.kubeapi import KubeAPI, apply_json_patch, pod_object
 from tests.support import traces
 from tests.support.http import post_ok
@@ -74,20 +74,11 @@ def hook(tls: dict[str, str]) -> Iterator[Running]:
 
 def admit(s: Running, pod: dict[str, Any], tls: dict[str, str] | None = None, op: str = "CREATE") -> dict[str, Any]:
     ctx = ssl.create_default_context(cafile=(tls or {}).get("cert_file"))
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "req-1",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "operation": op,
-            "namespace": "default",
-            "object": pod,
-        },
-    }
+    body = admission_review(pod, "default")  # as kube-apiserver sends it
+    body["request"]["operation"] = op
     out = post_ok(s.url + "/webhook", body, context=ctx)
     assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
-    assert out["response"]["uid"] == "req-1"
+    assert out["response"]["uid"] == body["request"]["uid"]
     return out["response"]
 
 
