@@ -257,6 +257,27 @@ def _put_library(prefix: Path, lib_data: bytes, lib_name: str, prev_lib: str | N
     return changed
 
 
+def _put_hook_tree(prefix: Path, sources: list[tuple[str, bytes]], hook_name: str, prev_hook: str | None) -> list[str]:
+    """The hook's Python files: a version directory (made under a temporary name, then renamed
+    whole), then the link swap; other versions pruned. Returns what changed."""
+    changed: list[str] = []
+    hook_dir = prefix / "hook" / hook_name
+    if not hook_dir.is_dir():
+        tmp = prefix / "hook" / (hook_name + files.TMP_SUFFIX)
+        files.remove(tmp)
+        for rel, data in sources:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            files.write_if_changed(tmp / rel, data, 0o644)
+        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+            os.chmod(d, 0o755)
+        os.rename(tmp, hook_dir)
+        changed.append(f"hook/{hook_name}/")
+    if files.symlink_atomic(prefix / HOOK_LINK, hook_name):
+        changed.append(HOOK_LINK)
+    files.prune(prefix / "hook", {hook_name, "current", *([prev_hook] if prev_hook else [])}, "")
+    return changed
+
+
 def install_library_only(opts: Options) -> list[str]:
     """The library under the prefix and nothing else (DRA nodes). Idempotent. Over a full install
     (a node that ran the device plugin before) only the library is renewed: the hook and
@@ -335,22 +356,7 @@ def install(opts: Options) -> list[str]:
     _write_manifest(prefix, manifest(complete=False))
     changed = _put_library(prefix, lib_data, lib_name, prev_lib)
 
-    # The hook's Python files: a version directory, then the link swap.
-    hook_dir = prefix / "hook" / hook_name
-    if not hook_dir.is_dir():
-        tmp = prefix / "hook" / (hook_name + files.TMP_SUFFIX)
-        files.remove(tmp)
-        for rel, data in sources:
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            files.write_if_changed(tmp / rel, data, 0o644)
-        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
-            os.chmod(d, 0o755)
-        os.rename(tmp, hook_dir)
-        changed.append(f"hook/{hook_name}/")
-    if files.symlink_atomic(prefix / HOOK_LINK, hook_name):
-        changed.append(HOOK_LINK)
-    files.prune(prefix / "hook", {hook_name, "current", *([prev_hook] if prev_hook else [])}, "")
-
+    changed += _put_hook_tree(prefix, sources, hook_name, prev_hook)
     if files.write_if_changed(prefix / LAUNCHER, launcher_text(python, opts.prefix).encode(), 0o755):
         changed.append(LAUNCHER)
 
