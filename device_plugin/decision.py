@@ -1,5 +1,5 @@
 """Scheduler decisions in Allocate, through the API server (contract: vgpu/scheduling.py,
-docs/device-plugin.md; which container and which slice: device_plugin.decisionpolicy).
+docs/developers/device-plugin.md; which container and which slice: device_plugin.decisionpolicy).
 
 The pods on this node come from one API list (field selector spec.nodeName).
 `Decisions.preferred()` steers GetPreferredAllocation to IDs on the decided GPUs;

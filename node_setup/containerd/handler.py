@@ -1,5 +1,5 @@
 """The vgpu handler's table, decided from the node facts (pure): which handler it copies and
-which runtime binary it runs (node types: docs/node-types.md), the annotations CRI must pass,
+which runtime binary it runs (node types: docs/operators/install.md), the annotations CRI must pass,
 the handlers a 1.x file must keep explicit, and which file install edits on 1.x."""
 
 from __future__ import annotations
