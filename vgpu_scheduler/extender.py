@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from vgpu import scheduling as sc
-from vgpu_scheduler import fit, requests, snapshot
+from vgpu_scheduler import fit, requests, snapshot, victims
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.kube import APIFailure, Conflict, Kube, NotFound
 from vgpu_scheduler.state import ClusterState
@@ -430,7 +430,7 @@ class Extender:
     # ----- preempt -----
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         """For each candidate node, the victims whose eviction lets the pod fit on that node's
-        GPUs (fit.select_victims); nodes where no eviction helps are left out.
+        GPUs (victims.select_victims); nodes where no eviction helps are left out.
 
         kube-scheduler calls this after its own dry run (preemption.go callExtenders): per node
         the lower-priority pods its in-tree filters need gone. Our answer may name other pods of
@@ -473,20 +473,22 @@ class Extender:
                 if view is None:
                     continue
                 held = st.holders(node)
-                cands: list[fit.Holder] = []
+                cands: list[victims.Holder] = []
                 for huid, per in held.items():
                     rec = st.pods.get(huid)
                     if huid == uid or rec is None or rec.node != node or rec.priority >= prio:
                         continue
-                    cands.append(fit.Holder(huid, rec.priority, rec.start, rec.deleting, per))
+                    cands.append(victims.Holder(huid, rec.priority, rec.start, rec.deleting, per))
                 keep = []
                 for vuid in asked:
                     if vuid not in held:
                         rec = st.pods.get(vuid)
-                        keep.append(fit.Holder(vuid, rec.priority if rec else 0, rec.start if rec else "", False, {}))
-                victims = fit.select_victims(view, usage.get(node, {}), cands, keep, reqs, opts, self.cfg)
-                if victims:
-                    out.NodeNameToMetaVictims[node] = MetaVictims([MetaPod(h.uid) for h in victims], pdb)
+                        keep.append(
+                            victims.Holder(vuid, rec.priority if rec else 0, rec.start if rec else "", False, {})
+                        )
+                chosen = victims.select_victims(view, usage.get(node, {}), cands, keep, reqs, opts, self.cfg)
+                if chosen:
+                    out.NodeNameToMetaVictims[node] = MetaVictims([MetaPod(h.uid) for h in chosen], pdb)
         log.info(
             "preempt %s/%s: %d of %d candidate node(s) helped by evictions",
             _meta(pod).get("namespace"),
