@@ -69,12 +69,35 @@ class NameSet:
         return isinstance(name, str) and b'"' + name.encode() + b'"' in self.raw
 
 
+def readable(text: str) -> str:
+    """A reason as kube-scheduler's event will show it. kube-scheduler passes the whole failure
+    message (an extender's FailedNodes reasons, its Error, a bind Error) as the *format* of the
+    FailedScheduling event (pkg/scheduler/schedule_one.go handleSchedulingFailure:
+    `Eventf(pod, nil, Warning, "FailedScheduling", "Scheduling", msg)`, no arguments;
+    client-go tools/events/event_recorder.go eventf: `fmt.Sprintf(note, args...)`), so a `%`
+    starts a Go verb: "20% compute" would read "20%!c(MISSING)ompute". Our own reasons say
+    "percent"; a `%` from elsewhere (a user's value, a URL in an API error) becomes the fullwidth
+    percent sign, which reads the same in the event and in the PodScheduled condition."""
+    return text.replace("%", "\uff05") if "%" in text else text
+
+
+def _readable_all(d: dict[str, str] | None) -> dict[str, str] | None:
+    if not d or not any("%" in v for v in d.values()):
+        return d
+    return {k: readable(v) for k, v in d.items()}
+
+
 class ExtenderFilterResult(msgspec.Struct):
     Nodes: Obj | None = None
     NodeNames: list[str] | None = None
     FailedNodes: dict[str, str] | None = None
     FailedAndUnresolvableNodes: dict[str, str] | None = None
     Error: str = ""
+
+    def __post_init__(self) -> None:
+        self.FailedNodes = _readable_all(self.FailedNodes)
+        self.FailedAndUnresolvableNodes = _readable_all(self.FailedAndUnresolvableNodes)
+        self.Error = readable(self.Error)
 
 
 class HostPriority(msgspec.Struct):
@@ -91,6 +114,9 @@ class ExtenderBindingArgs(msgspec.Struct):
 
 class ExtenderBindingResult(msgspec.Struct):
     Error: str = ""
+
+    def __post_init__(self) -> None:
+        self.Error = readable(self.Error)  # a bind error reaches the event too
 
 
 class MetaPod(msgspec.Struct):
