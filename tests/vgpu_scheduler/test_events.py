@@ -140,3 +140,100 @@ def test_reasons_never_hold_percent_for_any_gpu_state() -> None:
         "fully allocated",
     ):
         assert any(rule in x for x in seen), (rule, seen)
+
+
+# ----- replayed against a real kube-scheduler (v1.36.2; tests/data/kube-scheduler-events/README.md) -----
+class _FixedExtender:
+    """An extender that fails every node it is sent with the recorded reason (what the recording
+    extender answered the real kube-scheduler)."""
+
+    def __init__(self, failed: dict[str, str]) -> None:
+        import http.server
+        import threading
+
+        reason = next(iter(failed.values()))
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                names = args.get("NodeNames") or []
+                body = json.dumps(
+                    {"NodeNames": [], "FailedNodes": dict.fromkeys(names, reason), "FailedAndUnresolvableNodes": {}}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def test_a_recorded_event_with_format_verbs_replays_exactly(kubeapi: KubeAPI) -> None:
+    """The real kube-scheduler, given a reason full of `%` by an extender, wrote this event (note
+    = Sprintf of the message) and this PodScheduled condition (the message as it is); the
+    stand-in, given the same reason, writes both byte for byte."""
+    from sim.kubeapi import node_object
+
+    rec = json.loads((DATA / "recorder-percent-reason.json").read_text())
+    [node] = rec["extender_failed_nodes"]
+    ext = _FixedExtender(rec["extender_failed_nodes"])
+    try:
+        kubeapi.create("nodes", node_object(node))
+        pod = {
+            "metadata": {"name": "rec", "namespace": "default"},
+            "spec": {"containers": [{"name": "main", "image": "pause", "resources": rec["pod_spec_resources"]}]},
+        }
+        kubeapi.create("pods", pod)
+        managed = {r: True for r in rec["pod_spec_resources"]["limits"]}
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(ext.url, managed_resources=managed)], "recorder")
+        assert ks.schedule_one("default", "rec").status == "Unschedulable"
+    finally:
+        ext.close()
+    real_note = rec["event_events_k8s_io_v1"]["note"]
+    assert real_note == rec["event_core_v1"]["message"]  # one Event, two views of the API
+    assert "%!c(MISSING)ompute" in real_note  # what users saw
+    assert _events(kubeapi, "rec")[0] == real_note
+    assert _condition(kubeapi, "rec") == rec["pod_scheduled_condition"]["message"]
+
+
+def test_a_recorded_event_of_this_extender_replays_exactly(kubeapi: KubeAPI) -> None:
+    """The real cluster: a 20480 MiB pod (admitted by the webhook's default) on a node of two
+    16 GiB GPUs. Its recorded event reads right (no verb, the condition's very text), and this
+    extender behind the stand-in, given the recorded node and pod, writes the same text."""
+    rec = json.loads((DATA / "vgpu-extender-oversized.json").read_text())
+    note = rec["event_events_k8s_io_v1"]["note"]
+    assert "%" not in note and note == rec["event_core_v1"]["message"]
+    assert "never fits this node" in note and "Preemption is not helpful for scheduling" in note
+    # The condition is the pod's last attempt, once the node was full: kube-scheduler's own filters
+    # failed, its dry run proposed victims, the preempt verb left the node out. (Its event folded
+    # into the first one's series, which keeps the first note: client-go events getKey has no note.)
+    last = rec["pod_scheduled_condition"]["message"]
+    assert last.endswith("preemption: no candidate node for preemption") and "%" not in last
+    inv = sc.decode_inventory(rec["node_inventory_annotation"])
+    inv.heartbeat = __import__("time").time()  # the recording's is hours old: fresh, as the plugin keeps it
+    node = {
+        "metadata": {"name": rec["node_name"]},
+        "status": {
+            "capacity": dict(rec["node_allocatable"]),
+            "allocatable": dict(rec["node_allocatable"]),
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    node["metadata"]["annotations"] = {sc.INVENTORY_ANNOTATION: sc.encode(inv)}
+    kubeapi.create("nodes", node)
+    pod = {"metadata": {"name": "huge", "namespace": "default"}, "spec": dict(rec["pod"]["spec"])}
+    kubeapi.create("pods", pod)
+    with running_scheduler(kubeapi) as s:
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
+        assert ks.schedule_one("default", "huge").status == "Unschedulable"
+    assert _events(kubeapi, "huge")[0] == note
+    assert _condition(kubeapi, "huge") == note
