@@ -124,14 +124,17 @@ class _Item:
     w: Weight
 
 
-def _cheapest(need: tuple[int, int, int], items: list[tuple[_Item, Use]]) -> tuple[Weight, list[Holder]] | None:
+def _cheapest(
+    need: tuple[int, int, int], items: list[tuple[_Item, Use]], bound: Weight | None = None
+) -> tuple[Weight, list[Holder]] | None:
     """The lightest subset of `items` (a pod and what it holds on this GPU) whose holdings cover
-    `need` in every dimension; None when all of them do not. Exact: depth-first over include /
-    exclude, pruned when the rest cannot cover the need, when the set so far weighs as much as
-    the best found (weights only grow), and when the fewest further pods that could cover the
-    largest need (per dimension, the largest holdings first) already make more pods than the best."""
+    `need` in every dimension, if lighter than `bound`; None when none is. Exact: depth-first over
+    include / exclude, pruned when the rest cannot cover the need, when the set so far weighs as
+    much as the best found (weights only grow), and when the fewest further pods that could cover
+    the largest need (per dimension, the largest holdings first) already make more pods than the
+    best."""
     if need == (0, 0, 0):
-        return ZERO, []
+        return (ZERO, []) if bound is None or ZERO < bound else None
     # Largest holdings first: small covers are found early, and the bound below prunes hard.
     items = sorted(items, key=lambda t: (-t[1].memory, -t[1].cores, -t[1].slots, t[0].w))
     n = len(items)
@@ -142,18 +145,21 @@ def _cheapest(need: tuple[int, int, int], items: list[tuple[_Item, Use]]) -> tup
         suffix[i] = (s[0] + vals[i][0], s[1] + vals[i][1], s[2] + vals[i][2])
     if any(suffix[0][d] < need[d] for d in range(3)):
         return None
-    # Per suffix and dimension the holdings, largest first (a lower bound on the pods still needed).
-    desc = [[sorted((v[d] for v in vals[i:]), reverse=True) for d in range(3)] for i in range(n + 1)]
-    best_w: Weight | None = None
-    best: list[int] = []
+    # Per suffix and dimension the holdings, largest first (a lower bound on the pods still
+    # needed), made when first asked.
+    desc: dict[int, list[list[int]]] = {}
+    best_w: Weight | None = bound
+    best: list[int] | None = None
     chosen: list[int] = []
 
     def more_needed(i: int, rem: tuple[int, int, int]) -> int:
+        if i not in desc:
+            desc[i] = [sorted((v[d] for v in vals[i:]), reverse=True) for d in range(3)]
         k = 0
         for d in range(3):
-            r, j = rem[d], 0
-            while r > 0:
-                r -= desc[i][d][j]
+            r, j, vs = rem[d], 0, desc[i][d]
+            while r > 0 and j < len(vs):  # the suffix covers rem: it ends before the list does
+                r -= vs[j]
                 j += 1
             k = max(k, j)
         return k
@@ -177,7 +183,7 @@ def _cheapest(need: tuple[int, int, int], items: list[tuple[_Item, Use]]) -> tup
         dfs(i + 1, w, got)
 
     dfs(0, ZERO, (0, 0, 0))
-    if best_w is None:
+    if best_w is None or best is None:
         return None
     return best_w, [items[i][0].h for i in best]
 
@@ -236,7 +242,9 @@ def _one_container(
         return []
     live = [it for it in live if it.h.priority <= level]
 
-    def on(gpu: GPU, items: Iterable[_Item], gone: Iterable[Holder]) -> tuple[Weight, list[Holder]] | None:
+    def on(
+        gpu: GPU, items: Iterable[_Item], gone: Iterable[Holder], bound: Weight | None = None
+    ) -> tuple[Weight, list[Holder]] | None:
         u = base.get(gpu.uuid, zero)
         u = Use(u.memory, u.cores, u.slots)
         for h in gone:
@@ -244,13 +252,13 @@ def _one_container(
             if x is not None:
                 u.add(x, -1)
         mine = [(it, it.h.held[gpu.uuid]) for it in items if gpu.uuid in it.h.held]
-        return _cheapest(_need(gpu, u, *asks[gpu.uuid]), mine)
+        return _cheapest(_need(gpu, u, *asks[gpu.uuid]), mine, bound)
 
     if req.count == 1:
         found: tuple[Weight, list[Holder]] | None = None
         for gpu in elig:
-            r = on(gpu, live, ())
-            if r is not None and (found is None or r[0] < found[0]):
+            r = on(gpu, live, (), found[0] if found is not None else None)  # only a lighter set
+            if r is not None:
                 found = r
         return found[1] if found is not None else None
 
