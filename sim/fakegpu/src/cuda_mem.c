@@ -213,7 +213,7 @@ FG_API CUresult cuMemFree_v2(CUdeviceptr ptr)
         return CUDA_SUCCESS;
     struct fg_alloc a;
     if (fg_alloc_find(ptr, 0, &a) != 0 || a.ptr != ptr || a.kind == FG_ALLOC_HOST || a.kind == FG_ALLOC_VA ||
-        a.kind == FG_ALLOC_ASYNC)
+        a.kind == FG_ALLOC_ASYNC || a.kind == FG_ALLOC_MODULE)
         return CUDA_ERROR_INVALID_VALUE;
     if (fg_alloc_remove(ptr, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;

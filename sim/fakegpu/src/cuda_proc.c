@@ -43,7 +43,16 @@ typedef void (*fg_fn)(void);
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuDeviceGetDefaultMemPool)            \
     X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve)            \
     X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)             \
-    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy)
+    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy) X(cuGetExportTable) X(cuModuleLoadFatBinary)       \
+    X(cuModuleGetGlobal_v2) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuLibraryLoadData)         \
+    X(cuLibraryLoadFromFile) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetKernelCount)                  \
+    X(cuLibraryEnumerateKernels) X(cuLibraryGetModule) X(cuLibraryGetGlobal) X(cuLibraryGetManaged)               \
+    X(cuLibraryGetUnifiedFunction) X(cuKernelGetFunction) X(cuKernelGetName) X(cuKernelGetLibrary)                \
+    X(cuKernelGetAttribute) X(cuKernelSetAttribute) X(cuKernelSetCacheConfig) X(cuFuncGetName) X(cuFuncGetModule)  \
+    X(cuFuncIsLoaded) X(cuFuncLoad) X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuFuncSetSharedMemConfig)     \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)         \
+    X(cuOccupancyMaxPotentialBlockSize) X(cuOccupancyMaxPotentialBlockSizeWithFlags)                               \
+    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId)
 
 FUNCS(DECL)
 
@@ -223,6 +232,41 @@ static const struct entry g_table[] = {
     E("cuArrayCreate", 3020, cuArrayCreate_v2)
     E("cuArray3DCreate", 3020, cuArray3DCreate_v2)
     E("cuArrayDestroy", 2000, cuArrayDestroy)
+    E("cuGetExportTable", 3000, cuGetExportTable)
+    E("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary)
+    E("cuModuleGetGlobal", 3020, cuModuleGetGlobal_v2)
+    E("cuModuleGetFunctionCount", 12040, cuModuleGetFunctionCount)
+    E("cuModuleEnumerateFunctions", 12040, cuModuleEnumerateFunctions)
+    E("cuLibraryLoadData", 12000, cuLibraryLoadData)
+    E("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile)
+    E("cuLibraryUnload", 12000, cuLibraryUnload)
+    E("cuLibraryGetKernel", 12000, cuLibraryGetKernel)
+    E("cuLibraryGetKernelCount", 12040, cuLibraryGetKernelCount)
+    E("cuLibraryEnumerateKernels", 12040, cuLibraryEnumerateKernels)
+    E("cuLibraryGetModule", 12000, cuLibraryGetModule)
+    E("cuLibraryGetGlobal", 12000, cuLibraryGetGlobal)
+    E("cuLibraryGetManaged", 12000, cuLibraryGetManaged)
+    E("cuLibraryGetUnifiedFunction", 12000, cuLibraryGetUnifiedFunction)
+    E("cuKernelGetFunction", 12000, cuKernelGetFunction)
+    E("cuKernelGetName", 12030, cuKernelGetName)
+    E("cuKernelGetLibrary", 12050, cuKernelGetLibrary)
+    E("cuKernelGetAttribute", 12000, cuKernelGetAttribute)
+    E("cuKernelSetAttribute", 12000, cuKernelSetAttribute)
+    E("cuKernelSetCacheConfig", 12000, cuKernelSetCacheConfig)
+    E("cuFuncGetName", 12030, cuFuncGetName)
+    E("cuFuncGetModule", 11000, cuFuncGetModule)
+    E("cuFuncIsLoaded", 12040, cuFuncIsLoaded)
+    E("cuFuncLoad", 12040, cuFuncLoad)
+    E("cuFuncSetAttribute", 9000, cuFuncSetAttribute)
+    E("cuFuncSetCacheConfig", 3000, cuFuncSetCacheConfig)
+    E("cuFuncSetSharedMemConfig", 4020, cuFuncSetSharedMemConfig)
+    E("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, cuOccupancyMaxActiveBlocksPerMultiprocessor)
+    E("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000,
+      cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
+    E("cuOccupancyMaxPotentialBlockSize", 6050, cuOccupancyMaxPotentialBlockSize)
+    E("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, cuOccupancyMaxPotentialBlockSizeWithFlags)
+    E("cuOccupancyAvailableDynamicSMemPerBlock", 10020, cuOccupancyAvailableDynamicSMemPerBlock)
+    E("cuCtxGetId", 12000, cuCtxGetId)
     E("cuGetErrorString", 6000, cuGetErrorString)
     E("cuGetErrorName", 6000, cuGetErrorName)
     E("cuGetProcAddress", 11030, cuGetProcAddress)
@@ -256,6 +300,9 @@ static CUresult lookup(const char *symbol, void **pfn, int version, unsigned lon
         *pfn = (void *)(per_thread ? best->ptds : best->fn);
         st = ST_SUCCESS;
     }
+    if (st != ST_SUCCESS)
+        fg_trace("cuGetProcAddress %s@%d/%llu: %s", symbol, version, flags,
+                 st == ST_VERSION ? "VERSION_NOT_SUFFICIENT" : "SYMBOL_NOT_FOUND");
     if (status)
         *status = st;
     return st == ST_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
