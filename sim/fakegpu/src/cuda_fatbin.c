@@ -229,6 +229,8 @@ static int ptx_var(const char *st, const char *end, struct fg_image_syms *s)
             is_var = 1;
             continue;
         }
+        if (!is_var)
+            continue; /* directives before it (.version, .target, .visible, ...) end without ';' */
         if (n == 6 && !memcmp(t, ".align", 6)) {
             p = skip_ws(p, end);
             while (p < end && ident_char(*p))

@@ -148,6 +148,12 @@ int fg_alloc_remove(uint64_t ptr, struct fg_alloc *out); /* exact start */
 int fg_alloc_find(uint64_t p, uint64_t n, struct fg_alloc *out);
 void fg_alloc_free_ctx(struct fg_ctx *c); /* frees every allocation of a context */
 void *fg_map_bytes(uint64_t size);
+/* [p, p+n) inside one device allocation (or mapped VMM range) of this process: 0 or an error */
+CUresult fg_check_dev_range(CUdeviceptr p, size_t n);
+/* before a synchronous copy/set: waits for the (per-thread or legacy) default stream's work */
+CUresult fg_copy_sync(int per_thread);
+/* before an asynchronous copy/set on stream s: waits for that stream's earlier kernels */
+CUresult fg_copy_async(CUstream s, int per_thread);
 void fg_unmap_bytes(uint64_t ptr, uint64_t size);
 
 /* cuda_stream.c */
