@@ -17,6 +17,7 @@
 typedef void (*fg_fn)(void);
 
 #define FUNCS_COPY(X) X(cuMemcpy) X(cuMemcpy_ptds) X(cuMemcpyAsync) X(cuMemcpyAsync_ptsz) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoDAsync_v2_ptsz) X(cuMemcpyPeer) X(cuMemcpyPeer_ptds) X(cuMemcpyPeerAsync) X(cuMemcpyPeerAsync_ptsz) X(cuMemcpy2D_v2) X(cuMemcpy2D_v2_ptds) X(cuMemcpy2DUnaligned_v2) X(cuMemcpy2DUnaligned_v2_ptds) X(cuMemcpy2DAsync_v2) X(cuMemcpy2DAsync_v2_ptsz) X(cuMemcpy3D_v2) X(cuMemcpy3D_v2_ptds) X(cuMemcpy3DAsync_v2) X(cuMemcpy3DAsync_v2_ptsz) X(cuMemsetD16_v2) X(cuMemsetD16_v2_ptds) X(cuMemsetD8Async) X(cuMemsetD8Async_ptsz) X(cuMemsetD16Async) X(cuMemsetD16Async_ptsz) X(cuMemsetD32Async) X(cuMemsetD32Async_ptsz) X(cuMemsetD2D8_v2) X(cuMemsetD2D8_v2_ptds) X(cuMemsetD2D16_v2) X(cuMemsetD2D16_v2_ptds) X(cuMemsetD2D32_v2) X(cuMemsetD2D32_v2_ptds) X(cuMemsetD2D8Async) X(cuMemsetD2D8Async_ptsz) X(cuMemsetD2D16Async) X(cuMemsetD2D16Async_ptsz) X(cuMemsetD2D32Async) X(cuMemsetD2D32Async_ptsz) X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2) X(cuMemPrefetchAsync_v2_ptsz) X(cuMemAdvise) X(cuMemAdvise_v2)
+#define FUNCS_MISC(X) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo) X(cuStreamGetCaptureInfo_ptsz) X(cuStreamGetCaptureInfo_v2) X(cuStreamGetCaptureInfo_v2_ptsz) X(cuStreamGetCaptureInfo_v3) X(cuStreamGetCaptureInfo_v3_ptsz) X(cuThreadExchangeStreamCaptureMode) X(cuCtxGetLimit) X(cuCtxSetLimit) X(cuCtxGetCacheConfig) X(cuCtxSetCacheConfig) X(cuCtxGetSharedMemConfig) X(cuCtxSetSharedMemConfig) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) X(cuStreamGetPriority) X(cuStreamGetPriority_ptsz) X(cuStreamGetId) X(cuStreamGetId_ptsz) X(cuStreamGetCtx) X(cuStreamGetCtx_ptsz) X(cuStreamGetCtx_v2) X(cuStreamGetCtx_v2_ptsz) X(cuStreamGetDevice) X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuStreamAddCallback) X(cuStreamAddCallback_ptsz) X(cuEventRecordWithFlags) X(cuEventRecordWithFlags_ptsz) X(cuMemHostGetDevicePointer_v2) X(cuMemHostGetFlags) X(cuProfilerStart) X(cuProfilerStop)
 #define DECL(n) extern void n(void);
 #define FUNCS(X)                                                                                                 \
     X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid)     \
@@ -53,7 +54,7 @@ typedef void (*fg_fn)(void);
     X(cuFuncIsLoaded) X(cuFuncLoad) X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuFuncSetSharedMemConfig)     \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)         \
     X(cuOccupancyMaxPotentialBlockSize) X(cuOccupancyMaxPotentialBlockSizeWithFlags)                               \
-    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId) FUNCS_COPY(X)
+    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId) FUNCS_COPY(X) FUNCS_MISC(X)
 
 FUNCS(DECL)
 
@@ -268,6 +269,33 @@ static const struct entry g_table[] = {
     E("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, cuOccupancyMaxPotentialBlockSizeWithFlags)
     E("cuOccupancyAvailableDynamicSMemPerBlock", 10020, cuOccupancyAvailableDynamicSMemPerBlock)
     E("cuCtxGetId", 12000, cuCtxGetId)
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
+    P("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_ptsz)
+    P("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz)
+    P("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz)
+    E("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode)
+    E("cuCtxGetLimit", 3010, cuCtxGetLimit)
+    E("cuCtxSetLimit", 3010, cuCtxSetLimit)
+    E("cuCtxGetCacheConfig", 3020, cuCtxGetCacheConfig)
+    E("cuCtxSetCacheConfig", 3020, cuCtxSetCacheConfig)
+    E("cuCtxGetSharedMemConfig", 4020, cuCtxGetSharedMemConfig)
+    E("cuCtxSetSharedMemConfig", 4020, cuCtxSetSharedMemConfig)
+    E("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer)
+    E("cuDeviceGetP2PAttribute", 8000, cuDeviceGetP2PAttribute)
+    E("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess)
+    E("cuCtxDisablePeerAccess", 4000, cuCtxDisablePeerAccess)
+    P("cuStreamGetPriority", 5050, cuStreamGetPriority, cuStreamGetPriority_ptsz)
+    P("cuStreamGetId", 12000, cuStreamGetId, cuStreamGetId_ptsz)
+    P("cuStreamGetCtx", 9020, cuStreamGetCtx, cuStreamGetCtx_ptsz)
+    P("cuStreamGetCtx", 12050, cuStreamGetCtx_v2, cuStreamGetCtx_v2_ptsz)
+    E("cuStreamGetDevice", 12080, cuStreamGetDevice)
+    P("cuLaunchHostFunc", 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz)
+    P("cuStreamAddCallback", 5000, cuStreamAddCallback, cuStreamAddCallback_ptsz)
+    P("cuEventRecordWithFlags", 11010, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz)
+    E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2)
+    E("cuMemHostGetFlags", 2030, cuMemHostGetFlags)
+    E("cuProfilerStart", 4000, cuProfilerStart)
+    E("cuProfilerStop", 4000, cuProfilerStop)
     P("cuMemcpy", 4000, cuMemcpy, cuMemcpy_ptds)
     P("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz)
     P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz)

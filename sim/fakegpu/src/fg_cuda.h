@@ -89,6 +89,8 @@ struct fg_streamh {
     int idx;
     unsigned flags;
     struct fg_ctx *ctx;
+    int priority;
+    unsigned long long id;
 };
 
 /* process-local driver state */
