@@ -7,13 +7,12 @@
  *                                    from a registered fatbin, a device variable
  *   cudart_prog fill KIND CHUNK [N]  allocate CHUNK bytes with KIND (malloc, pitch, managed, async,
  *                                    pool) until it fails (or N times), then report the error
- *   cudart_prog hold SECONDS         (after the command before it) keep the memory
+ *   cudart_prog hold                 print "holding" and keep everything until stdin closes
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 typedef int cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
@@ -312,11 +311,12 @@ int main(int argc, char **argv)
             if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9')
                 max = strtol(argv[++i], NULL, 0);
             fill(kind, chunk, max);
-        } else if (!strcmp(argv[i], "hold") && i + 1 < argc) {
+        } else if (!strcmp(argv[i], "hold")) {
             printf("holding\n");
-            sleep((unsigned)atoi(argv[++i]));
+            while (getchar() != EOF)
+                ;
         } else {
-            fprintf(stderr, "usage: cudart_prog info | roundtrip | fill KIND CHUNK [N] | hold S\n");
+            fprintf(stderr, "usage: cudart_prog info | roundtrip | fill KIND CHUNK [N] | hold\n");
             return 2;
         }
     }
