@@ -62,6 +62,8 @@ static struct fg_pool *current_pool(int dev)
 static void trim(struct fg_pool *p, uint64_t keep)
 {
     uint64_t target = p->used > keep ? p->used : keep;
+    if (target >= p->reserved)
+        return; /* (also keeps a threshold of UINT64_MAX, "never release", from overflowing below) */
     target = (target + GRAN - 1) / GRAN * GRAN;
     if (p->reserved > target) {
         fg_uncharge(p->dev, p->reserved - target, FG_KIND_DEVICE);
