@@ -39,7 +39,12 @@ BUILD = Path(__file__).resolve().parents[2] / "build"
 
 
 def _bind(src: str, *, ro: bool = True) -> dict[str, object]:
-    return {"destination": src, "type": "bind", "source": src, "options": ["rbind", "nosuid", "nodev", "ro" if ro else "rw"]}
+    return {
+        "destination": src,
+        "type": "bind",
+        "source": src,
+        "options": ["rbind", "nosuid", "nodev", "ro" if ro else "rw"],
+    }
 
 
 def host_dirs() -> tuple[list[str], dict[str, str]]:
@@ -143,8 +148,25 @@ def test_cudart_program_in_a_container_stops_at_the_slice(box: Box, tmp_path: Pa
         pytest.skip("nvidia-cuda-runtime-cu12 not installed")
     progdir = tmp_path / "prog"
     prog = cudart.build_prog(progdir, 12)
-    argv = [str(prog), "fill", "malloc", str(CHUNK), "fill", "malloc", str(32 * MiB), "1",
-            "fill", "malloc", str(MiB), "1", "fill", "malloc", "1", "1", "hold"]
+    argv = [
+        str(prog),
+        "fill",
+        "malloc",
+        str(CHUNK),
+        "fill",
+        "malloc",
+        str(32 * MiB),
+        "1",
+        "fill",
+        "malloc",
+        str(MiB),
+        "1",
+        "fill",
+        "malloc",
+        "1",
+        "1",
+        "hold",
+    ]
     out, used = box.run_holding("cudart", argv, [str(progdir)], [])
     big, rest, last, over = cudart.parse(out)["fill"]
     assert (big["count"], big["name"]) == ("16", "cudaErrorMemoryAllocation"), out

@@ -70,7 +70,9 @@ KINDS = ["malloc", "pitch", "managed", "async", "pool"]
     ("major", "kind"),
     [pytest.param(12, k, id=f"cudart12-{k}") for k in KINDS] + [pytest.param(13, "malloc", id="cudart13-malloc")],
 )
-def test_cudart_program_reaches_oom_exactly_at_the_slice(node_plain: Node, progdir: Path, major: int, kind: str) -> None:
+def test_cudart_program_reaches_oom_exactly_at_the_slice(
+    node_plain: Node, progdir: Path, major: int, kind: str
+) -> None:
     if cudart.libcudart(major) is None:
         pytest.skip(f"libcudart.so.{major} wheel not installed")
     node = node_plain

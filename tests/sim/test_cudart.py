@@ -28,7 +28,9 @@ GiB = 1 << 30
 needs_12 = pytest.mark.skipif(cudart.libcudart(12) is None, reason="nvidia-cuda-runtime-cu12 not installed")
 MAJORS = [
     pytest.param(12, marks=needs_12),
-    pytest.param(13, marks=pytest.mark.skipif(cudart.libcudart(13) is None, reason="nvidia-cuda-runtime not installed")),
+    pytest.param(
+        13, marks=pytest.mark.skipif(cudart.libcudart(13) is None, reason="nvidia-cuda-runtime not installed")
+    ),
 ]
 
 
@@ -166,7 +168,8 @@ def test_export_tables_behave_as_cudart_needs(fakegpu: FakeGPU) -> None:
 KERNEL_CU = """
 __device__ int counter[4];
 __constant__ float coeff[2];
-extern "C" __global__ void axpy(float *y, const float *x, int n) { int i = threadIdx.x; if (i < n) y[i] += coeff[0] * x[i] + counter[0]; }
+extern "C" __global__ void axpy(float *y, const float *x, int n)
+{ int i = threadIdx.x; if (i < n) y[i] += coeff[0] * x[i] + counter[0]; }
 template <typename T> __global__ void fill(T *p) { p[0] = 1; }
 template __global__ void fill<int>(int *);
 """
@@ -194,8 +197,10 @@ def test_nvcc_fatbins_are_read_for_their_kernels_and_variables(fakegpu: FakeGPU,
         buf = ctypes.create_string_buffer(data, len(data))
         m, f, d, n = c_void_p(), c_void_p(), c_ulonglong(), c_size_t()
         res = {{"load": cu.cuModuleLoadData(byref(m), buf)}}
-        res["kernels"] = [cu.cuModuleGetFunction(byref(f), m, k) for k in (b"axpy", b"_Z4fillIiEvPT_", b"fill", b"nope")]
-        res["vars"] = [[cu.cuModuleGetGlobal_v2(byref(d), byref(n), m, v), n.value] for v in (b"counter", b"coeff", b"x")]
+        names = (b"axpy", b"_Z4fillIiEvPT_", b"fill", b"nope")
+        res["kernels"] = [cu.cuModuleGetFunction(byref(f), m, k) for k in names]
+        names = (b"counter", b"coeff", b"x")
+        res["vars"] = [[cu.cuModuleGetGlobal_v2(byref(d), byref(n), m, v), n.value] for v in names]
         print(json.dumps(res))
         """,
     )

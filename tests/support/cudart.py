@@ -70,8 +70,19 @@ def build_prog(out_dir: Path, major: int) -> Path:
     if not out.exists():
         out_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [cc(), "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(out), str(PROG_SRC), str(lib),
-             f"-Wl,-rpath,{lib.parent}"],
+            [
+                cc(),
+                "-std=c11",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-O1",
+                "-o",
+                str(out),
+                str(PROG_SRC),
+                str(lib),
+                f"-Wl,-rpath,{lib.parent}",
+            ],
             check=True,
             timeout=120,
         )
