@@ -327,7 +327,7 @@ FG_API CUresult cuEventRecordWithFlags_ptsz(void *e, CUstream s, unsigned flags)
 
 /* --- host allocations seen from the device: one address space ---------------------------------- */
 
-FG_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
+__attribute__((weak)) FG_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
 {
     CUresult rc;
     if (!fg_current(&rc))
@@ -365,4 +365,37 @@ FG_API CUresult cuProfilerStop(void)
 {
     CUresult rc;
     return fg_current(&rc) ? CUDA_SUCCESS : rc;
+}
+
+/* --- stream memory operations: a write once the stream's earlier work completed --------------- */
+
+static CUresult write_value(CUstream s, int pt, CUdeviceptr addr, const void *v, size_t n, unsigned flags)
+{
+    int dev, idx;
+    CUresult rc = fg_stream_resolve(s, pt, &dev, &idx);
+    if (rc)
+        return rc;
+    if (flags > 1 || addr % n) /* CU_STREAM_WRITE_VALUE_DEFAULT / NO_MEMORY_BARRIER; aligned */
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = fg_check_dev_range(addr, n)) || (rc = fg_wait_idle(dev, idx)))
+        return rc;
+    memcpy((void *)(uintptr_t)addr, v, n);
+    return CUDA_SUCCESS;
+}
+
+FG_API CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr addr, unsigned v, unsigned flags)
+{
+    return write_value(s, 0, addr, &v, 4, flags);
+}
+FG_API CUresult cuStreamWriteValue32_ptsz(CUstream s, CUdeviceptr addr, unsigned v, unsigned flags)
+{
+    return write_value(s, 1, addr, &v, 4, flags);
+}
+FG_API CUresult cuStreamWriteValue64(CUstream s, CUdeviceptr addr, unsigned long long v, unsigned flags)
+{
+    return write_value(s, 0, addr, &v, 8, flags);
+}
+FG_API CUresult cuStreamWriteValue64_ptsz(CUstream s, CUdeviceptr addr, unsigned long long v, unsigned flags)
+{
+    return write_value(s, 1, addr, &v, 8, flags);
 }

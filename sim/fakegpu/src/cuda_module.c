@@ -229,8 +229,10 @@ static CUresult module_function(CUfunction *pf, struct fg_module *m, const char 
     int known = m->opaque;
     for (int i = 0; i < m->nkern && !known; i++)
         known = !strcmp(m->kern[i], name);
-    if (!known)
+    if (!known) {
+        fg_trace("module %p: no kernel %s: CUDA_ERROR_NOT_FOUND", (void *)m, name);
         return CUDA_ERROR_NOT_FOUND;
+    }
     pthread_mutex_lock(&m->mu);
     struct fg_func *f;
     for (f = m->funcs; f; f = f->next)
@@ -303,8 +305,10 @@ static CUresult module_global(CUdeviceptr *dptr, size_t *bytes, struct fg_module
     for (int i = 0; i < m->nvars && !v; i++)
         if (!strcmp(m->vars[i].name, name))
             v = &m->vars[i];
-    if (!v)
+    if (!v) {
+        fg_trace("module %p: no variable %s: CUDA_ERROR_NOT_FOUND", (void *)m, name);
         return CUDA_ERROR_NOT_FOUND;
+    }
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&m->mu);
     if (!v->ptr) {
@@ -465,6 +469,7 @@ FG_API CUresult cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, struct fg_
         return CUDA_ERROR_INVALID_VALUE;
     if (!lib_valid(l))
         return CUDA_ERROR_INVALID_HANDLE;
+    fg_trace("library %p: no managed variable %s: CUDA_ERROR_NOT_FOUND", (void *)l, name);
     return CUDA_ERROR_NOT_FOUND;
 }
 

@@ -18,6 +18,7 @@ typedef void (*fg_fn)(void);
 
 #define FUNCS_COPY(X) X(cuMemcpy) X(cuMemcpy_ptds) X(cuMemcpyAsync) X(cuMemcpyAsync_ptsz) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoDAsync_v2_ptsz) X(cuMemcpyPeer) X(cuMemcpyPeer_ptds) X(cuMemcpyPeerAsync) X(cuMemcpyPeerAsync_ptsz) X(cuMemcpy2D_v2) X(cuMemcpy2D_v2_ptds) X(cuMemcpy2DUnaligned_v2) X(cuMemcpy2DUnaligned_v2_ptds) X(cuMemcpy2DAsync_v2) X(cuMemcpy2DAsync_v2_ptsz) X(cuMemcpy3D_v2) X(cuMemcpy3D_v2_ptds) X(cuMemcpy3DAsync_v2) X(cuMemcpy3DAsync_v2_ptsz) X(cuMemsetD16_v2) X(cuMemsetD16_v2_ptds) X(cuMemsetD8Async) X(cuMemsetD8Async_ptsz) X(cuMemsetD16Async) X(cuMemsetD16Async_ptsz) X(cuMemsetD32Async) X(cuMemsetD32Async_ptsz) X(cuMemsetD2D8_v2) X(cuMemsetD2D8_v2_ptds) X(cuMemsetD2D16_v2) X(cuMemsetD2D16_v2_ptds) X(cuMemsetD2D32_v2) X(cuMemsetD2D32_v2_ptds) X(cuMemsetD2D8Async) X(cuMemsetD2D8Async_ptsz) X(cuMemsetD2D16Async) X(cuMemsetD2D16Async_ptsz) X(cuMemsetD2D32Async) X(cuMemsetD2D32Async_ptsz) X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2) X(cuMemPrefetchAsync_v2_ptsz) X(cuMemAdvise) X(cuMemAdvise_v2)
 #define FUNCS_MISC(X) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo) X(cuStreamGetCaptureInfo_ptsz) X(cuStreamGetCaptureInfo_v2) X(cuStreamGetCaptureInfo_v2_ptsz) X(cuStreamGetCaptureInfo_v3) X(cuStreamGetCaptureInfo_v3_ptsz) X(cuThreadExchangeStreamCaptureMode) X(cuCtxGetLimit) X(cuCtxSetLimit) X(cuCtxGetCacheConfig) X(cuCtxSetCacheConfig) X(cuCtxGetSharedMemConfig) X(cuCtxSetSharedMemConfig) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) X(cuStreamGetPriority) X(cuStreamGetPriority_ptsz) X(cuStreamGetId) X(cuStreamGetId_ptsz) X(cuStreamGetCtx) X(cuStreamGetCtx_ptsz) X(cuStreamGetCtx_v2) X(cuStreamGetCtx_v2_ptsz) X(cuStreamGetDevice) X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuStreamAddCallback) X(cuStreamAddCallback_ptsz) X(cuEventRecordWithFlags) X(cuEventRecordWithFlags_ptsz) X(cuMemHostGetDevicePointer_v2) X(cuMemHostGetFlags) X(cuProfilerStart) X(cuProfilerStop)
+#define FUNCS_FEATURES(X) X(cuMulticastCreate) X(cuMulticastAddDevice) X(cuMulticastBindMem) X(cuMulticastBindAddr) X(cuMulticastUnbind) X(cuMulticastGetGranularity) X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuGreenCtxStreamCreate) X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) X(cuLogsRegisterCallback) X(cuLogsUnregisterCallback)
 #define DECL(n) extern void n(void);
 #define FUNCS(X)                                                                                                 \
     X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid)     \
@@ -54,7 +55,9 @@ typedef void (*fg_fn)(void);
     X(cuFuncIsLoaded) X(cuFuncLoad) X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuFuncSetSharedMemConfig)     \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)         \
     X(cuOccupancyMaxPotentialBlockSize) X(cuOccupancyMaxPotentialBlockSizeWithFlags)                               \
-    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId) FUNCS_COPY(X) FUNCS_MISC(X)
+    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId) FUNCS_COPY(X) FUNCS_MISC(X) FUNCS_FEATURES(X) X(cuMemExportToShareableHandle)                      \
+    X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)   \
+    X(cuStreamWriteValue32) X(cuStreamWriteValue32_ptsz) X(cuStreamWriteValue64) X(cuStreamWriteValue64_ptsz)
 
 FUNCS(DECL)
 
@@ -269,6 +272,29 @@ static const struct entry g_table[] = {
     E("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, cuOccupancyMaxPotentialBlockSizeWithFlags)
     E("cuOccupancyAvailableDynamicSMemPerBlock", 10020, cuOccupancyAvailableDynamicSMemPerBlock)
     E("cuCtxGetId", 12000, cuCtxGetId)
+    E("cuMulticastCreate", 12010, cuMulticastCreate)
+    E("cuMulticastAddDevice", 12010, cuMulticastAddDevice)
+    E("cuMulticastBindMem", 12010, cuMulticastBindMem)
+    E("cuMulticastBindAddr", 12010, cuMulticastBindAddr)
+    E("cuMulticastUnbind", 12010, cuMulticastUnbind)
+    E("cuMulticastGetGranularity", 12010, cuMulticastGetGranularity)
+    E("cuGreenCtxCreate", 12040, cuGreenCtxCreate)
+    E("cuGreenCtxDestroy", 12040, cuGreenCtxDestroy)
+    E("cuCtxFromGreenCtx", 12040, cuCtxFromGreenCtx)
+    E("cuGreenCtxStreamCreate", 12040, cuGreenCtxStreamCreate)
+    E("cuDeviceGetDevResource", 12040, cuDeviceGetDevResource)
+    E("cuDevSmResourceSplitByCount", 12040, cuDevSmResourceSplitByCount)
+    E("cuDevResourceGenerateDesc", 12040, cuDevResourceGenerateDesc)
+    E("cuLogsRegisterCallback", 12090, cuLogsRegisterCallback)
+    E("cuLogsUnregisterCallback", 12090, cuLogsUnregisterCallback)
+    E("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle)
+    E("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle)
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle)
+    E("cuMemGetAllocationPropertiesFromHandle", 10020, cuMemGetAllocationPropertiesFromHandle)
+    P("cuStreamWriteValue32", 8000, cuStreamWriteValue32, cuStreamWriteValue32_ptsz)
+    P("cuStreamWriteValue32", 11070, cuStreamWriteValue32, cuStreamWriteValue32_ptsz)
+    P("cuStreamWriteValue64", 9000, cuStreamWriteValue64, cuStreamWriteValue64_ptsz)
+    P("cuStreamWriteValue64", 11070, cuStreamWriteValue64, cuStreamWriteValue64_ptsz)
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
     P("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_ptsz)
     P("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz)
