@@ -55,7 +55,7 @@ typedef void (*fg_fn)(void);
     X(cuFuncIsLoaded) X(cuFuncLoad) X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuFuncSetSharedMemConfig)     \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)         \
     X(cuOccupancyMaxPotentialBlockSize) X(cuOccupancyMaxPotentialBlockSizeWithFlags)                               \
-    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId) FUNCS_COPY(X) FUNCS_MISC(X) FUNCS_FEATURES(X) X(cuMemExportToShareableHandle)                      \
+    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId) FUNCS_COPY(X) FUNCS_MISC(X) FUNCS_FEATURES(X) X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemExportToShareableHandle)                      \
     X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)   \
     X(cuStreamWriteValue32) X(cuStreamWriteValue32_ptsz) X(cuStreamWriteValue64) X(cuStreamWriteValue64_ptsz)
 
@@ -272,6 +272,8 @@ static const struct entry g_table[] = {
     E("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, cuOccupancyMaxPotentialBlockSizeWithFlags)
     E("cuOccupancyAvailableDynamicSMemPerBlock", 10020, cuOccupancyAvailableDynamicSMemPerBlock)
     E("cuCtxGetId", 12000, cuCtxGetId)
+    E("cuMemPoolSetAccess", 11020, cuMemPoolSetAccess)
+    E("cuMemPoolGetAccess", 11020, cuMemPoolGetAccess)
     E("cuMulticastCreate", 12010, cuMulticastCreate)
     E("cuMulticastAddDevice", 12010, cuMulticastAddDevice)
     E("cuMulticastBindMem", 12010, cuMulticastBindMem)
