@@ -53,7 +53,7 @@ test-frameworks: host-deps-test venv build-all
 	    $(PY) -m pytest tests/frameworks tests/gpu/test_frameworks_gpu.py $(PYTEST_ARGS)
 
 # The acceptance suite against the cluster $KUBECONFIG names (tests/cluster; `make test` never
-# runs it). VGPU_TEST_* variables: docs/scheduler.md, "Acceptance suite".
+# runs it). VGPU_TEST_* variables: docs/operators/install.md, "Acceptance suite".
 test-cluster: venv
 	$(PY) -m pytest tests/cluster $(PYTEST_ARGS)
 
@@ -87,8 +87,9 @@ image: host-deps-image venv build-all
 # --- benchmarks (each prints name=value lines, last line a summary) -------------
 bench-intercept: venv build-all
 	$(PY) tests/bench/bench_intercept.py
+# BENCH_HOOK_BASELINE=<git revision>: an interleaved A/B against that revision's hook in the same run.
 bench-hook: venv build-all
-	$(PY) tests/bench/bench_hook.py
+	BENCH_HOOK_BASELINE=$(BENCH_HOOK_BASELINE) $(PY) tests/bench/bench_hook.py
 bench-plugin: venv build-all
 	$(PY) tests/bench/bench_plugin.py
 bench-shares: venv build-all

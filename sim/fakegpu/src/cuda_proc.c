@@ -1,7 +1,7 @@
 /* fakegpu libcuda: cuGetProcAddress / cuGetProcAddress_v2 and the error strings.
  *
  * Lookup by base name + requested CUDA version + flags, as the real driver does (see
- * docs/fakegpu.md and shared reference cuda-interception.md §1-2): the entry with the highest
+ * docs/developers/simulators.md and shared reference cuda-interception.md §1-2): the entry with the highest
  * version <= the requested one wins ("cuMemAlloc"@3020 is cuMemAlloc_v2, "cuCtxCreate"@11040 is
  * cuCtxCreate_v3); CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (2) selects the _ptsz/_ptds
  * variant where one exists (CUDA >= 7.0).  A known name whose versions are all newer than the
