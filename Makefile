@@ -40,15 +40,15 @@ $(VENV)/.stamp: pyproject.toml
 test: host-deps-test venv build-all
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# PyTorch with CUDA on the simulated GPU against a slice (tests/frameworks; `make test` skips it):
-# torch from PyPI (several GB) in a venv of its own.  On this kind of machine pip takes
+# PyTorch with CUDA (and CuPy for CUDA 13) on the simulated GPU against a slice (tests/frameworks;
+# `make test` skips it): torch from PyPI (several GB) in a venv of its own.  On this kind of machine pip takes
 # torch==$(TORCH_VERSION) from local disk for Python 3.11.
 FRAMEWORKS_VENV ?= .venv-frameworks
 TORCH_VERSION ?= 2.14.1
 test-frameworks: host-deps-test venv build-all
 	test -x $(FRAMEWORKS_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORKS_VENV)
-	$(FRAMEWORKS_VENV)/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "$(TORCH_VERSION)")' \
-	    2>/dev/null || $(FRAMEWORKS_VENV)/bin/python -m pip install -q torch==$(TORCH_VERSION)
+	$(FRAMEWORKS_VENV)/bin/python -c 'import torch, cupy, sys; sys.exit(torch.__version__.split("+")[0] != "$(TORCH_VERSION)")' \
+	    2>/dev/null || $(FRAMEWORKS_VENV)/bin/python -m pip install -q torch==$(TORCH_VERSION) 'cupy-cuda13x>=14,<15'
 	VGPU_TEST_FRAMEWORKS=1 VGPU_FRAMEWORKS_PYTHON=$(FRAMEWORKS_VENV)/bin/python \
 	    $(PY) -m pytest tests/frameworks tests/gpu/test_frameworks_gpu.py $(PYTEST_ARGS)
 

@@ -119,3 +119,15 @@ def test_pytorch_runs_on_the_simulated_gpu_without_a_slice(tmp_path: Path, py: s
         assert p.stdout.split()[-6:] == ["ok", "True", "1", "True", "NVIDIA_Fake_GPU", str(8 << 30)]
     finally:
         gpu.close()
+
+
+@pytest.mark.parametrize("kind", ["default", "async"])
+def test_cupy_for_cuda_13_stops_at_the_slice(node_plain: Node, py: str, tmp_path: Path, kind: str) -> None:
+    """cupy-cuda13x (its own CUDA 13 runtime, NVRTC 13) in the frameworks venv."""
+    node = node_plain
+    node.limit(16 * CHUNK)
+    env = {"CUPY_CACHE_DIR": str(tmp_path / "cupy-cache")}
+    out, used = run_holding(node, [py, "-c", cudart.CUPY_FILL, kind, str(CHUNK)], env)
+    [row] = out["fill"]
+    assert (row["count"], row["err"]) == ("16", "OutOfMemoryError"), out
+    assert used == 16 * CHUNK
