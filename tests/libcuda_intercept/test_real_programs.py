@@ -1,7 +1,8 @@
 """Programs as users run them, under libvgpu.so against a slice: a C program linked against
 NVIDIA's libcudart (12.9 and 13.x from PyPI) allocating with cudaMalloc, cudaMallocPitch,
 cudaMallocManaged, cudaMallocAsync and a pool, and CuPy with its default pool and its
-stream-ordered pool.  Each reaches the out-of-memory error of its API exactly at the slice and not
+stream-ordered pool, and a captured CUDA graph whose memory node allocates (where the simulated
+driver models stream capture).  Each reaches the out-of-memory error of its API exactly at the slice and not
 before.  The oracle is the simulated GPU's own count of the process's device memory (`fakegpu-ctl
 dump`), never the library's region.  tests/e2e/test_real_programs.py runs the same programs in runc
 containers through the hook's real mounts.
@@ -9,13 +10,14 @@ containers through the hook's real mounts.
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.libcuda_intercept.support import UUID0, Node
+from tests.libcuda_intercept.support import FAKE, UUID0, Node
 from tests.support import cudart
 
 MiB = 1 << 20
@@ -63,7 +65,15 @@ def run_holding(node: Node, argv: list[str], env: dict[str, str] | None = None) 
     return "".join(lines), used
 
 
-KINDS = ["malloc", "pitch", "managed", "async", "pool"]
+KINDS = ["malloc", "pitch", "managed", "async", "pool", "graph"]
+
+
+def driver_has(name: str) -> bool:
+    """Whether the simulated driver serves an entry point (cuGetProcAddress at CUDA 13.0)."""
+    lib = ctypes.CDLL(str(FAKE / "libcuda.so.1"))
+    fn, st = ctypes.c_void_p(), ctypes.c_int()
+    lib.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), 13000, ctypes.c_ulonglong(0), ctypes.byref(st))
+    return bool(fn.value)
 
 
 @pytest.mark.parametrize(
@@ -75,12 +85,14 @@ def test_cudart_program_reaches_oom_exactly_at_the_slice(
 ) -> None:
     if cudart.libcudart(major) is None:
         pytest.skip(f"libcudart.so.{major} wheel not installed")
+    if kind == "graph" and not driver_has("cuStreamBeginCapture"):
+        pytest.skip("the simulated driver does not model stream capture (cuStreamBeginCapture)")
     node = node_plain
     node.limit(LIMIT)
     prog = cudart.build_prog(progdir, major)
     argv = [str(prog), "fill", kind, str(CHUNK), "fill", kind, str(32 * MiB), "1"]
-    if kind in ("async", "pool"):
-        # pools reserve in 2 MiB steps: the last 1 MiB of the slice cannot hold one
+    if kind in ("async", "pool", "graph"):
+        # pools (and the graph memory pool) reserve in 2 MiB steps: the last 1 MiB cannot hold one
         argv += ["fill", kind, str(2 * MiB), "1", "hold"]
         expect_used = 16 * CHUNK + 32 * MiB
     else:
@@ -93,7 +105,7 @@ def test_cudart_program_reaches_oom_exactly_at_the_slice(
     # 16 chunks and no 17th; then 32 MiB; then the slice's last MiB, and not one byte more
     assert (big["count"], big["err"], big["name"]) == ("16", "2", "cudaErrorMemoryAllocation"), out
     assert (rest["count"], rest["err"]) == ("1", "0"), out
-    if kind not in ("async", "pool"):
+    if kind not in ("async", "pool", "graph"):
         assert (tail[0]["count"], tail[0]["err"]) == ("1", "0"), out
     assert (tail[-1]["count"], tail[-1]["err"]) == ("0", "2"), out
     # the simulated GPU holds exactly what was granted: the slice, and nothing past it

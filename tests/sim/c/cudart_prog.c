@@ -6,7 +6,8 @@
  *   cudart_prog roundtrip            copies, sets, pitch, managed, pools, streams, events, a kernel
  *                                    from a registered fatbin, a device variable
  *   cudart_prog fill KIND CHUNK [N]  allocate CHUNK bytes with KIND (malloc, pitch, managed, async,
- *                                    pool) until it fails (or N times), then report the error
+ *                                    pool, graph: a captured cudaMallocAsync, instantiated and
+ *                                    launched) until it fails (or N times), then report the error
  *   cudart_prog hold                 print "holding" and keep everything until stdin closes
  */
 #include <stdint.h>
@@ -18,6 +19,8 @@ typedef int cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
 typedef struct CUmemPool_st *cudaMemPool_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
 typedef struct {
     unsigned x, y, z;
 } dim3;
@@ -65,6 +68,11 @@ cudaError_t cudaMemcpyToSymbol(const void *, const void *, size_t, size_t, int);
 cudaError_t cudaMemcpyFromSymbol(void *, const void *, size_t, size_t, int);
 cudaError_t cudaFuncGetAttributes(void *, const void *);
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *, const void *, int, size_t);
+cudaError_t cudaStreamBeginCapture(cudaStream_t, int);
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *, cudaGraph_t, unsigned long long);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t);
+cudaError_t cudaGraphDestroy(cudaGraph_t);
 void **__cudaRegisterFatBinary(void *);
 void __cudaRegisterFatBinaryEnd(void **);
 void __cudaUnregisterFatBinary(void **);
@@ -267,6 +275,23 @@ static cudaError_t alloc_one(const char *kind, size_t chunk, void **out)
         return cudaMallocAsync(out, chunk, g_stream);
     if (!strcmp(kind, "pool"))
         return cudaMallocFromPoolAsync(out, chunk, g_pool, g_stream);
+    if (!strcmp(kind, "graph")) { /* a graph with one memory node; its allocation outlives the launch */
+        cudaGraph_t g;
+        cudaGraphExec_t x;
+        cudaError_t e = cudaStreamBeginCapture(g_stream, 0); /* cudaStreamCaptureModeGlobal */
+        if (e)
+            return e;
+        cudaError_t ea = cudaMallocAsync(out, chunk, g_stream);
+        if ((e = cudaStreamEndCapture(g_stream, &g)))
+            return e;
+        if (ea)
+            return ea;
+        if ((e = cudaGraphInstantiate(&x, g, 0)))
+            return e;
+        if ((e = cudaGraphLaunch(x, g_stream)))
+            return e;
+        return cudaStreamSynchronize(g_stream);
+    }
     return 1;
 }
 
@@ -288,7 +313,7 @@ static void fill(const char *kind, size_t chunk, long max)
             break;
         total += chunk;
     }
-    if (!strcmp(kind, "async") || !strcmp(kind, "pool"))
+    if (!strcmp(kind, "async") || !strcmp(kind, "pool") || !strcmp(kind, "graph"))
         cudaStreamSynchronize(g_stream);
     cudaGetLastError();
     printf("fill kind=%s chunk=%zu count=%ld total=%zu err=%d name=%s\n", kind, chunk, n, total, e,
