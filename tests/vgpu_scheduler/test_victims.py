@@ -78,7 +78,7 @@ def oracle(
     return best
 
 
-# ----- the scenario of the report -----
+# ----- one larger pod or two smaller -----
 def test_one_larger_pod_rather_than_two_smaller() -> None:
     """Two 16 GiB GPUs split 4, every slot taken by low-priority pods: GPU 0 holds 8192 (started
     first), 4096, 2048, 2048 MiB; GPU 1 four of 4096. 8192 MiB asked: evicting the one 8192 MiB pod
