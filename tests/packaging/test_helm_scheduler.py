@@ -192,6 +192,11 @@ def test_flags_parse_with_the_real_parser() -> None:
     wcfg = config_from(hook)
     assert (wcfg.scheduler_name, wcfg.default_gpumem_mib) == ("my-vgpu", 2048)  # same sizing rules
     assert hook.bind == "0.0.0.0:9443" and hook.cert_file.endswith("tls.crt")
+    assert not wcfg.refuse_oversized  # default: oversized pods are admitted and stay Pending
+    on = render({"scheduler": {"enabled": True, "webhook": {"refuseOversized": True}}})
+    assert config_from(
+        parser().parse_args(containers(one(on, "Deployment", "-scheduler"))["vgpu-webhook"]["args"])
+    ).refuse_oversized
     # The webhook process serves /webhook only: no extender verbs on its port, no Lease.
     assert wcfg.serve == "webhook" and not wcfg.leader_elect and not wcfg.follow_lease
     role = one(objects, "Role", "-scheduler-leases")

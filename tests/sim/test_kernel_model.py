@@ -193,7 +193,7 @@ STOPPED_HOLDER_CLIENT = """
 from ctypes import byref, c_int, c_uint, c_ulonglong, c_void_p
 ctx(0)
 mod, fn = c_void_p(), c_void_p()
-ck(cu.cuModuleLoadData(byref(mod), b"any image"), "load")
+ck(cu.cuModuleLoadData(byref(mod), SPIN_PTX), "load")
 ck(cu.cuModuleGetFunction(byref(fn), mod, b"spin"), "func")
 cu.cuLaunchKernel.argtypes = [c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
                               c_void_p, c_void_p]

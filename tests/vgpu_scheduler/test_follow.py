@@ -305,7 +305,7 @@ def test_failover_mid_stream_of_binds_loses_no_decision_and_over_commits_nothing
 def test_webhook_only_serves_no_extender_verb(kubeapi: KubeAPI) -> None:
     kubeapi.create("nodes", gpu_node("n1", n=1, mem_gib=16, split=4))
     kubeapi.create("pods", vgpu_pod("p", mem=1000))
-    r = start_scheduler(kubeapi, SchedulerConfig(serve="webhook"))
+    r = start_scheduler(kubeapi, SchedulerConfig(serve="webhook", refuse_oversized=True))
     try:
         assert r.service.leader is None  # no Lease at all
         args = {"Pod": kubeapi.get("pods", "p"), "Nodes": None, "NodeNames": ["n1"]}
@@ -323,7 +323,7 @@ def test_webhook_only_serves_no_extender_verb(kubeapi: KubeAPI) -> None:
         review = admission_review(big, "default")
         code, out = post_json(r.url + "/webhook", review)
         assert code == 200 and out["response"]["allowed"] is False  # sized against the Node view
-        assert "16384" in out["response"]["status"]["message"] or "MiB" in out["response"]["status"]["message"]
+        assert "no GPU has more than 16384 MiB" in out["response"]["status"]["message"]
         with urllib.request.urlopen(r.url + "/readyz", timeout=5) as resp:
             assert json.loads(resp.read())["ready"] is True
     finally:

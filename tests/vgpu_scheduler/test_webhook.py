@@ -72,6 +72,16 @@ def hook(tls: dict[str, str]) -> Iterator[Running]:
             yield s
 
 
+@pytest.fixture(scope="module")
+def refusing_hook(tls: dict[str, str]) -> Iterator[Running]:
+    """The webhook with refuse_oversized (the chart's scheduler.webhook.refuseOversized: true)."""
+    with KubeAPI() as api:
+        api.create("nodes", gpu_node("n1", n=4, mem_gib=80))
+        api.create("nodes", gpu_node("n2", n=2, mem_gib=40))
+        with running_scheduler(api, SchedulerConfig(refuse_oversized=True), **tls) as s:
+            yield s
+
+
 def admit(s: Running, pod: dict[str, Any], tls: dict[str, str] | None = None, op: str = "CREATE") -> dict[str, Any]:
     ctx = ssl.create_default_context(cafile=(tls or {}).get("cert_file"))
     body = admission_review(pod, "default")  # as kube-apiserver sends it
@@ -151,12 +161,6 @@ def test_other_schedulers_and_plain_pods_are_left_alone(hook: Running, tls: dict
 @pytest.mark.parametrize(
     ("limits", "annotations", "why"),
     [
-        (
-            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "90000"},
-            {},
-            "90000 MiB per GPU asked; no GPU has more than 81920 MiB",
-        ),
-        ({"nvidia.com/gpu": "5"}, {}, "5 GPUs asked; no node offers more than 4"),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1", "nvidia.com/gpumem-percentage": "5"}, {}, "exclusive"),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "101"}, {}, "must be 1..100"),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "120"}, {}, "must be 0..100"),
@@ -176,6 +180,35 @@ def test_rejected_with_why(
     resp = admit(hook, pod_object("p", [("a", limits)], annotations=annotations), tls)
     assert resp["allowed"] is False
     assert why in resp["status"]["message"], resp["status"]["message"]
+
+
+OVERSIZED = [
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "90000"}, "90000 MiB per GPU asked; no GPU has more than 81920 MiB"),
+    ({"nvidia.com/gpu": "5"}, "5 GPUs asked; no node offers more than 4"),
+]
+
+
+@pytest.mark.parametrize(("limits", "why"), OVERSIZED)
+def test_sizes_no_gpu_has_today_are_admitted_by_default(
+    hook: Running, tls: dict[str, str], limits: dict[str, str], why: str
+) -> None:
+    """More MiB than any GPU, more GPUs than any node: admitted and sent to the scheduler (they stay
+    Pending with the extender's reason, where an autoscaler sees them)."""
+    pod = pod_object("p", [("a", limits)])
+    out = applied(pod, admit(hook, pod, tls))
+    assert out["spec"]["schedulerName"] == "vgpu-scheduler"
+
+
+@pytest.mark.parametrize(("limits", "why"), OVERSIZED)
+def test_sizes_no_gpu_has_today_are_refused_when_asked_to(
+    refusing_hook: Running, tls: dict[str, str], limits: dict[str, str], why: str
+) -> None:
+    resp = admit(refusing_hook, pod_object("p", [("a", limits)]), tls)
+    assert resp["allowed"] is False
+    assert why in resp["status"]["message"], resp["status"]["message"]
+    assert "%" not in resp["status"]["message"]
+    resp = admit(refusing_hook, pod_object("p", [("a", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"})]), tls)
+    assert resp["allowed"] is True
 
 
 def test_valid_annotations_in_both_spellings_pass(hook: Running, tls: dict[str, str]) -> None:
