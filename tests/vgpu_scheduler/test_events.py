@@ -12,7 +12,8 @@ from typing import Any
 
 from sim.kubeapi import KubeAPI
 from sim.kubescheduler import NOTE_LENGTH_LIMIT, ExtenderConfig, KubeScheduler, go_sprintf, truncate_message
-from tests.vgpu_scheduler.helpers import GiB, gpu_node, running_scheduler, uuid, vgpu_pod
+from tests.support.inventory import uuid
+from tests.vgpu_scheduler.helpers import GiB, gpu_node, running_scheduler, vgpu_pod
 from vgpu import scheduling as sc
 from vgpu_scheduler.extender import ExtenderBindingResult, ExtenderFilterResult, readable
 from vgpu_scheduler.snapshot import Use
