@@ -226,7 +226,7 @@ def test_oversubscribed_containers_host_bytes_and_the_backstop_against_the_share
     lab = {"container_id": "ovs", "namespace": "ns1", "pod": "pod-ovs", "container": "main", "gpu": "0"}
     # 3 chunks + the context on the device (1.8 GiB of 2), 4 in host memory, the 8th over the slice
     on_device = 3 * 512 * MIB + 300 * MIB  # NVML's view: the context is memory of the process
-    assert wait_for(
+    assert poll(
         lambda: (
             (
                 metric(t := mon.scrape(), "vgpu_container_memory_host_bytes", **lab),
@@ -239,7 +239,7 @@ def test_oversubscribed_containers_host_bytes_and_the_backstop_against_the_share
     text = mon.scrape()
     assert metric(text, "vgpu_container_memory_device_limit_bytes", **lab) == 2 * GIB
     assert metric(text, "vgpu_container_memory_limit_bytes", **lab) == 4 * GIB
-    assert wait_for(lambda: hog.proc.poll() is not None, 15)  # 2.3 GiB on the device, share 1 GiB
+    assert poll(lambda: hog.proc.poll() is not None, 15)  # 2.3 GiB on the device, share 1 GiB
     assert hog.proc.returncode == -signal.SIGKILL
     time.sleep(1.5)
     assert ovs.proc.poll() is None

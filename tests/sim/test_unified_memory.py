@@ -36,7 +36,8 @@ def managed(n):
     return p.value
 def touch_fn():
     m, f = c_void_p(), c_void_p()
-    ptx = b".version 7.0\\n.target sm_70\\n.address_size 64\\n.visible .entry touch(.param .u64 p, .param .u64 n)\\n{\\n ret;\\n}\\n"
+    ptx = (b".version 7.0\\n.target sm_70\\n.address_size 64\\n"
+           b".visible .entry touch(.param .u64 p, .param .u64 n)\\n{\\n ret;\\n}\\n")
     ck(cu.cuModuleLoadData(byref(m), ptx), "module")
     ck(cu.cuModuleGetFunction(byref(f), m, b"touch"), "touch")
     return f
