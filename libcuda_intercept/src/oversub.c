@@ -96,14 +96,14 @@ static int host_allowed(int host_ok)
 int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *what, int *kind)
 {
     const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
-    int r = VGPU_OVER_SLICE;
+    int r = VGPU_OVER_SLICE, may = host_ok;
     for (int pass = 0; pass < 2; pass++) {
         r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, L->device_limit, vgpu_ctx_reserve(), VGPU_KIND_DEVICE);
         if (r == 0) {
             *kind = VGPU_KIND_DEVICE;
             return 0;
         }
-        if (r == VGPU_OVER_SHARE && vgpu_os_can_host(idx, ord) && (host_ok = host_allowed(host_ok))) {
+        if (r == VGPU_OVER_SHARE && vgpu_os_can_host(idx, ord) && (may = host_allowed(may))) {
             r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, L->device_limit, vgpu_ctx_reserve(),
                                 VGPU_KIND_HOST);
             if (r == 0) {
@@ -122,7 +122,7 @@ int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *w
         const char *why = !host_ok                  ? "this kind of memory cannot live in host memory"
                           : !L->oversubscribe        ? "oversubscription is off"
                           : !managed_ok(ord)         ? "the device has no concurrent managed access"
-                          : !host_allowed(host_ok)   ? "the stream is being captured into a graph"
+                          : !may                     ? "the stream is being captured into a graph"
                                                      : "the slice is full";
         int lvl = first_refusal(what) ? VGPU_LOG_ERROR : VGPU_LOG_INFO;
         VLOG(lvl, "%s: refusing %llu bytes on %s: device-resident memory would exceed the container's physical share "
