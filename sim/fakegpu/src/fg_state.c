@@ -330,8 +330,25 @@ uint64_t fg_dev_used(const struct fg_state *st, int dev)
     return u;
 }
 
+void fg_note_high(struct fg_state *st, int dev)
+{
+    uint64_t all = 0, ctx = 0;
+    for (int s = 0; s < FG_MAX_SLOTS; s++) {
+        if (st->slots[s].state != FG_SLOT_LIVE)
+            continue;
+        all += fg_pdev_used(st, s, dev);
+        ctx += (uint64_t)st->slots[s].dev[dev].contexts * st->cfg[dev].context_overhead;
+    }
+    struct fg_devstate *ds = &st->ds[dev];
+    if (all > ds->used_high)
+        ds->used_high = all;
+    if (all - ctx > ds->alloc_high)
+        ds->alloc_high = all - ctx;
+}
+
 void fg_release_slot(struct fg_state *st, int slot)
 {
+    fg_shared_release_slot(st, slot, st == fg_g.st);
     memset(&st->slots[slot], 0, sizeof(st->slots[slot]));
     for (unsigned d = 0; d < FG_MAX_DEV; d++)
         if (st->ds[d].cur_slot == (uint32_t)slot)
@@ -341,6 +358,14 @@ void fg_release_slot(struct fg_state *st, int slot)
 void fg_reap(void)
 {
     fg_reap_in(fg_g.st);
+    fg_g.st->h.reaped_ns = fg_now();
+}
+
+void fg_reap_lazy(void)
+{
+    uint64_t now = fg_now(), last = fg_g.st->h.reaped_ns;
+    if (last == 0 || now < last || now - last >= FG_REAP_NS)
+        fg_reap();
 }
 
 void fg_reap_in(struct fg_state *st)
@@ -358,36 +383,59 @@ void fg_reap_in(struct fg_state *st)
     }
 }
 
+static int take_free_slot(struct fg_state *st);
+static int fill_slot(struct fg_state *st, int s);
+
 int fg_register(void)
 {
     struct fg_state *st = fg_g.st;
     if (fg_g.slot >= 0)
         return 0;
-    fg_reap();
+    /* Dead slots are reclaimed lazily (a probe per live process would make a burst of N
+     * processes starting together cost N^2 syscalls under the lock), and at once when no slot
+     * is free. */
+    fg_reap_lazy();
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            fg_reap();
+        int s = take_free_slot(st);
+        if (s >= 0)
+            return fill_slot(st, s);
+    }
+    return -1;
+}
+
+static int take_free_slot(struct fg_state *st)
+{
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
         if (st->slots[s].state != FG_SLOT_FREE)
             continue;
         if (ofd_lock(fg_g.fd, F_RDLCK, FG_LOCK_SLOT0 + s, 0) != 0)
             continue; /* a registration whose owner is still alive: leave it */
-        struct fg_slot *sl = &st->slots[s];
-        memset(sl, 0, sizeof(*sl));
-        sl->pid = (int32_t)getpid();
-        sl->pidns = fg_self_pidns();
-        if (sl->pidns == FG_PIDNS_INIT)
-            sl->host_pid = sl->pid; /* already a host pid */
-        sl->start_time = read_start_time();
-        sl->generation = ++st->h.generation;
-        FILE *f = fopen("/proc/self/comm", "re");
-        if (f) {
-            if (fgets(sl->comm, sizeof(sl->comm), f))
-                sl->comm[strcspn(sl->comm, "\n")] = '\0';
-            fclose(f);
-        }
-        sl->state = FG_SLOT_LIVE;
-        fg_g.slot = s;
-        return 0;
+        return s;
     }
     return -1;
+}
+
+static int fill_slot(struct fg_state *st, int s)
+{
+    struct fg_slot *sl = &st->slots[s];
+    memset(sl, 0, sizeof(*sl));
+    sl->pid = (int32_t)getpid();
+    sl->pidns = fg_self_pidns();
+    if (sl->pidns == FG_PIDNS_INIT)
+        sl->host_pid = sl->pid; /* already a host pid */
+    sl->start_time = read_start_time();
+    sl->generation = ++st->h.generation;
+    FILE *f = fopen("/proc/self/comm", "re");
+    if (f) {
+        if (fgets(sl->comm, sizeof(sl->comm), f))
+            sl->comm[strcspn(sl->comm, "\n")] = '\0';
+        fclose(f);
+    }
+    sl->state = FG_SLOT_LIVE;
+    fg_g.slot = s;
+    return 0;
 }
 
 void fg_atfork_child(void)
