@@ -295,7 +295,11 @@ class RegionSnapshot:
     __slots__ = ("created", "devices", "shared", "slots")
 
     def __init__(
-        self, devices: list[DeviceUsage], slots: list[SlotInfo], created: int = 0, shared: list[SharedInfo] | None = None
+        self,
+        devices: list[DeviceUsage],
+        slots: list[SlotInfo],
+        created: int = 0,
+        shared: list[SharedInfo] | None = None,
     ) -> None:
         self.devices = devices
         self.slots = slots

@@ -198,8 +198,12 @@ CUresult vgpu_free_tracked(CUdeviceptr p, CUresult (*fn)(CUdeviceptr, CUstream),
     struct vgpu_rec r;
     int tracked = !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE && vgpu_track_take(&vgpu_t_ptr, p, &r);
     CUresult rc = sync ? REAL(cuMemFree_v2)(p) : fn(p, s);
-    if (!tracked)
+    if (!tracked) {
+        /* maybe a graph allocation (not while capturing: that frees it in the graph) */
+        if (rc == CUDA_SUCCESS && !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE && (sync || !vgpu_capturing(s, fn)))
+            vgpu_graph_freed(p);
         return rc;
+    }
     if (rc != CUDA_SUCCESS)
         vgpu_track_put(&vgpu_t_ptr, &r);
     else if (r.kind == VGPU_KIND_POOL)

@@ -136,6 +136,11 @@ static int capturing(CUstream s, int per_thread)
     return f && f(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+int vgpu_capturing(CUstream s, CUresult (*free_fn)(CUdeviceptr, CUstream))
+{
+    return capturing(s, free_fn && free_fn == REAL(cuMemFreeAsync_ptsz));
+}
+
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*pool_alloc_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 typedef CUresult (*free_fn)(CUdeviceptr, CUstream);

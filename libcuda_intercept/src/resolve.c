@@ -127,6 +127,7 @@ static const struct hook g_hooks[] = {
     R(cuGraphGetNodes),
     R(cuGraphNodeGetType),
     R(cuGraphMemAllocNodeGetParams),
+    R(cuGraphMemFreeNodeGetParams),
     R(cuStreamIsCapturing),
     R(cuStreamIsCapturing_ptsz),
     H(cuStreamSynchronize, "cuStreamSynchronize", 2000, MAXV, 0),

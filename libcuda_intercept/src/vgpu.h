@@ -70,6 +70,7 @@
     X(cuGraphGetNodes, (CUgraph, CUgraphNode *, size_t *))                                                         \
     X(cuGraphNodeGetType, (CUgraphNode, int *))                                                                    \
     X(cuGraphMemAllocNodeGetParams, (CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *))                                   \
+    X(cuGraphMemFreeNodeGetParams, (CUgraphNode, CUdeviceptr *))                                                   \
     X(cuStreamIsCapturing, (CUstream, int *))                                                                      \
     X(cuStreamIsCapturing_ptsz, (CUstream, int *))                                                                 \
     X(cuStreamSynchronize, (CUstream))                                                                             \
@@ -169,6 +170,11 @@ int vgpu_graph_refresh(int idx);
 /* a pool allocation was freed (hooks_mem.c's free path): the pool may release memory at the
  * next synchronisation */
 void vgpu_pool_freed(uint64_t pool);
+/* an untracked address was freed (cuMemFree, cuMemFreeAsync outside a capture): a graph
+ * allocation is no longer live */
+void vgpu_graph_freed(CUdeviceptr p);
+/* 1 if stream s is being captured (free_fn: the _ptsz free asks about the per-thread stream) */
+int vgpu_capturing(CUstream s, CUresult (*free_fn)(CUdeviceptr, CUstream));
 
 /* hooks_share.c: a charge that belongs to the shared ledger is dropped there */
 void vgpu_share_release(uint64_t ref);
