@@ -6,8 +6,10 @@
  *   fakegpu-ctl lost INDEX [0|1]    mark device INDEX lost (injects XID 79) or back
  *   fakegpu-ctl hold-lock SECONDS   take the state lock, print "locked", sleep (tests)
  *   fakegpu-ctl lock-wait           wait for the state lock, print CLOCK_MONOTONIC ns when taken
- *   fakegpu-ctl high [--reset]      the devices' memory high-water marks (JSON); --reset: then
- *                                   restart them from the current usage
+ *   fakegpu-ctl high [--reset] [--watch BYTES]
+ *                                   the devices' memory high-water marks (JSON); --reset: then
+ *                                   restart them from the current usage; --watch: a new high
+ *                                   above BYTES is recorded only after dead processes are reaped
  */
 #include "fg_state.h"
 
@@ -20,7 +22,7 @@
 static void usage(void)
 {
     fputs("usage: fakegpu-ctl init [--force] | dump | xid INDEX XID | lost INDEX [0|1] | hold-lock SECONDS | "
-          "lock-wait | high [--reset]\n",
+          "lock-wait | high [--reset] [--watch BYTES]\n",
           stderr);
     exit(2);
 }
@@ -128,7 +130,7 @@ static void dump(void)
     fg_read_end(locked);
 }
 
-static void high(int reset)
+static void high(int reset, long long watch)
 {
     struct fg_state *st = fg_g.st;
     fg_lock();
@@ -139,6 +141,8 @@ static void high(int reset)
         printf("%s{\"index\":%u,\"used\":%llu,\"used_high\":%llu,\"alloc_high\":%llu}", d ? "," : "", d,
                (unsigned long long)fg_dev_used(st, (int)d), (unsigned long long)ds->used_high,
                (unsigned long long)ds->alloc_high);
+        if (watch >= 0)
+            ds->high_watch = (uint64_t)watch;
         if (reset) {
             ds->used_high = ds->alloc_high = 0;
             fg_note_high(st, (int)d);
@@ -200,8 +204,18 @@ int main(int argc, char **argv)
         fg_unlock();
         return 0;
     }
-    if (!strcmp(cmd, "high") && (argc == 2 || (argc == 3 && !strcmp(argv[2], "--reset")))) {
-        high(argc == 3);
+    if (!strcmp(cmd, "high")) {
+        int reset = 0;
+        long long watch = -1;
+        for (int i = 2; i < argc; i++) {
+            if (!strcmp(argv[i], "--reset"))
+                reset = 1;
+            else if (!strcmp(argv[i], "--watch") && i + 1 < argc)
+                watch = num(argv[++i], 0, 0x7fffffffffffffffL);
+            else
+                usage();
+        }
+        high(reset, watch);
         return 0;
     }
     if (!strcmp(cmd, "lock-wait") && argc == 2) {

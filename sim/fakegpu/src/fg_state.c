@@ -330,16 +330,27 @@ uint64_t fg_dev_used(const struct fg_state *st, int dev)
     return u;
 }
 
-void fg_note_high(struct fg_state *st, int dev)
+static void usage_split(const struct fg_state *st, int dev, uint64_t *all, uint64_t *ctx)
 {
-    uint64_t all = 0, ctx = 0;
+    *all = *ctx = 0;
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
         if (st->slots[s].state != FG_SLOT_LIVE)
             continue;
-        all += fg_pdev_used(st, s, dev);
-        ctx += (uint64_t)st->slots[s].dev[dev].contexts * st->cfg[dev].context_overhead;
+        *all += fg_pdev_used(st, s, dev);
+        *ctx += (uint64_t)st->slots[s].dev[dev].contexts * st->cfg[dev].context_overhead;
     }
+}
+
+void fg_note_high(struct fg_state *st, int dev)
+{
+    uint64_t all, ctx;
+    usage_split(st, dev, &all, &ctx);
     struct fg_devstate *ds = &st->ds[dev];
+    if (ds->high_watch && st == fg_g.st && (all > ds->used_high || all - ctx > ds->alloc_high) &&
+        (all > ds->high_watch || all - ctx > ds->high_watch)) {
+        fg_reap(); /* a dead process's memory is not the device's any more */
+        usage_split(st, dev, &all, &ctx);
+    }
     if (all > ds->used_high)
         ds->used_high = all;
     if (all - ctx > ds->alloc_high)

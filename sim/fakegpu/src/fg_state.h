@@ -116,6 +116,10 @@ struct fg_devstate {
      * managed resident + contexts); alloc_high: the same without the contexts. */
     uint64_t used_high;
     uint64_t alloc_high;
+    /* A new high above this many bytes is recorded only after dead processes were reaped (a
+     * probe per live process): the memory of a process that died and was not reaped yet is
+     * gone on a real GPU.  0: never verified (fakegpu-ctl high --watch BYTES sets it). */
+    uint64_t high_watch;
 };
 
 /* A device allocation shared between processes (cuda_ipc.c): exported to a POSIX file
