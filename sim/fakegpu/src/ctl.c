@@ -149,7 +149,17 @@ static void high(int reset, long long watch)
         }
     }
     printf("]}\n");
+    /* the running totals must be what the processes add up to */
+    int bad = 0;
+    for (unsigned d = 0; d < st->h.ndev; d++)
+        if (fg_dev_used_scan(st, (int)d) != fg_dev_used(st, (int)d)) {
+            fprintf(stderr, "fakegpu-ctl: device %u: running total %llu, processes %llu\n", d,
+                    (unsigned long long)fg_dev_used(st, (int)d), (unsigned long long)fg_dev_used_scan(st, (int)d));
+            bad = 1;
+        }
     fg_unlock();
+    if (bad)
+        exit(3);
 }
 
 int main(int argc, char **argv)

@@ -355,8 +355,10 @@ CUresult fg_charge(int dev, uint64_t bytes, int kind)
         p->mem_managed_dev += bytes;
     else
         p->mem_managed_host += bytes;
-    if (rc == CUDA_SUCCESS && kind != FG_KIND_MANAGED_HOST)
+    if (rc == CUDA_SUCCESS && kind != FG_KIND_MANAGED_HOST) {
+        st->ds[dev].used_total += bytes;
         fg_note_high(st, dev);
+    }
     fg_unlock();
     return rc;
 }
@@ -380,7 +382,12 @@ void fg_uncharge(int dev, uint64_t bytes, int kind)
     uint64_t *f = kind == FG_KIND_DEVICE ? &p->mem_device
                   : kind == FG_KIND_MANAGED_DEV ? &p->mem_managed_dev
                                                 : &p->mem_managed_host;
-    *f = *f >= bytes ? *f - bytes : 0;
+    uint64_t n = *f >= bytes ? bytes : *f;
+    *f -= n;
+    if (kind != FG_KIND_MANAGED_HOST) {
+        uint64_t *t = &fg_g.st->ds[dev].used_total;
+        *t = *t >= n ? *t - n : 0;
+    }
     fg_unlock();
 }
 
@@ -396,10 +403,15 @@ CUresult fg_ctx_charge(int dev, int add)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             p->contexts++;
+            st->ds[dev].used_total += st->cfg[dev].context_overhead;
+            st->ds[dev].ctx_total += st->cfg[dev].context_overhead;
             fg_note_high(st, dev);
         }
     } else if (p->contexts > 0) {
         p->contexts--;
+        uint64_t o = st->cfg[dev].context_overhead;
+        st->ds[dev].used_total = st->ds[dev].used_total >= o ? st->ds[dev].used_total - o : 0;
+        st->ds[dev].ctx_total = st->ds[dev].ctx_total >= o ? st->ds[dev].ctx_total - o : 0;
         if (p->contexts == 0) {
             /* the last context of the process on this device is gone: so is its queued work */
             fg_sim_advance(st, dev, fg_now());

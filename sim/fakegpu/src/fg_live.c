@@ -26,7 +26,8 @@ void fg_live_mask(struct fg_state *st, uint64_t mask[FG_MASK_WORDS])
     pthread_mutex_lock(&g_live_mu);
     int sweep = g_sweep_at == 0 || now - g_sweep_at >= FG_LIVE_SWEEP_NS;
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (__atomic_load_n(&st->slots[s].state, __ATOMIC_ACQUIRE) != FG_SLOT_LIVE)
+        if (!__atomic_load_n(&st->live_map[s], __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&st->slots[s].state, __ATOMIC_ACQUIRE) != FG_SLOT_LIVE)
             continue;
         uint64_t gen = __atomic_load_n(&st->slots[s].generation, __ATOMIC_RELAXED);
         int alive;
@@ -90,7 +91,7 @@ struct fg_state *fg_sim_view(int dev, uint64_t *settled, int *snap)
      * counts only fall when the simulation advances), so everything up to now is settled. */
     int pending = 0;
     for (int s = 0; s < FG_MAX_SLOTS && !pending; s++)
-        if (__atomic_load_n(&st->slots[s].state, __ATOMIC_ACQUIRE) == FG_SLOT_LIVE)
+        if (__atomic_load_n(&st->live_map[s], __ATOMIC_ACQUIRE))
             for (int k = 0; k < FG_MAX_STREAMS; k++)
                 if (__atomic_load_n(&st->slots[s].dev[dev].streams[k].count, __ATOMIC_RELAXED)) {
                     pending = 1;

@@ -101,11 +101,15 @@ void fg_shared_drop(struct fg_state *st, int idx, int slot, int live)
         sub_sat(&st->slots[slot].dev[e->dev].mem_device, e->bytes);
         if (next >= 0)
             st->slots[next].dev[e->dev].mem_device += e->bytes;
+        else
+            sub_sat(&st->ds[e->dev].used_total, e->bytes);
         e->charged_slot = next >= 0 ? next : -1;
     }
     if (holders_empty(e)) {
-        if (e->charged_slot >= 0)
+        if (e->charged_slot >= 0) {
             sub_sat(&st->slots[e->charged_slot].dev[e->dev].mem_device, e->bytes);
+            sub_sat(&st->ds[e->dev].used_total, e->bytes);
+        }
         char path[4200];
         if (live && fg_shared_path(idx, e->generation, path, sizeof(path)) == 0)
             unlink(path);

@@ -323,6 +323,11 @@ uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev)
 
 uint64_t fg_dev_used(const struct fg_state *st, int dev)
 {
+    return st->ds[dev].used_total;
+}
+
+uint64_t fg_dev_used_scan(const struct fg_state *st, int dev)
+{
     uint64_t u = 0;
     for (int s = 0; s < FG_MAX_SLOTS; s++)
         if (st->slots[s].state == FG_SLOT_LIVE)
@@ -330,26 +335,15 @@ uint64_t fg_dev_used(const struct fg_state *st, int dev)
     return u;
 }
 
-static void usage_split(const struct fg_state *st, int dev, uint64_t *all, uint64_t *ctx)
-{
-    *all = *ctx = 0;
-    for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (st->slots[s].state != FG_SLOT_LIVE)
-            continue;
-        *all += fg_pdev_used(st, s, dev);
-        *ctx += (uint64_t)st->slots[s].dev[dev].contexts * st->cfg[dev].context_overhead;
-    }
-}
-
 void fg_note_high(struct fg_state *st, int dev)
 {
-    uint64_t all, ctx;
-    usage_split(st, dev, &all, &ctx);
     struct fg_devstate *ds = &st->ds[dev];
+    uint64_t all = ds->used_total, ctx = ds->ctx_total;
     if (ds->high_watch && st == fg_g.st && (all > ds->used_high || all - ctx > ds->alloc_high) &&
         (all > ds->high_watch || all - ctx > ds->high_watch)) {
         fg_reap(); /* a dead process's memory is not the device's any more */
-        usage_split(st, dev, &all, &ctx);
+        all = ds->used_total;
+        ctx = ds->ctx_total;
     }
     if (all > ds->used_high)
         ds->used_high = all;
@@ -360,6 +354,16 @@ void fg_note_high(struct fg_state *st, int dev)
 void fg_release_slot(struct fg_state *st, int slot)
 {
     fg_shared_release_slot(st, slot, st == fg_g.st);
+    for (unsigned d = 0; d < FG_MAX_DEV; d++) {
+        if (st->slots[slot].state != FG_SLOT_LIVE)
+            break;
+        uint64_t u = fg_pdev_used(st, slot, (int)d);
+        uint64_t c = (uint64_t)st->slots[slot].dev[d].contexts * st->cfg[d].context_overhead;
+        struct fg_devstate *ds = &st->ds[d];
+        ds->used_total = ds->used_total >= u ? ds->used_total - u : 0;
+        ds->ctx_total = ds->ctx_total >= c ? ds->ctx_total - c : 0;
+    }
+    st->live_map[slot] = 0;
     memset(&st->slots[slot], 0, sizeof(st->slots[slot]));
     for (unsigned d = 0; d < FG_MAX_DEV; d++)
         if (st->ds[d].cur_slot == (uint32_t)slot)
@@ -382,7 +386,7 @@ void fg_reap_lazy(void)
 void fg_reap_in(struct fg_state *st)
 {
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (st->slots[s].state != FG_SLOT_LIVE || s == fg_g.slot)
+        if (!st->live_map[s] || s == fg_g.slot)
             continue;
         if (!fg_slot_alive(s)) {
             /* Queued work of a dead context is discarded, as when the driver tears it down. */
@@ -419,7 +423,7 @@ int fg_register(void)
 static int take_free_slot(struct fg_state *st)
 {
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (st->slots[s].state != FG_SLOT_FREE)
+        if (st->live_map[s])
             continue;
         if (ofd_lock(fg_g.fd, F_RDLCK, FG_LOCK_SLOT0 + s, 0) != 0)
             continue; /* a registration whose owner is still alive: leave it */
@@ -445,6 +449,7 @@ static int fill_slot(struct fg_state *st, int s)
         fclose(f);
     }
     sl->state = FG_SLOT_LIVE;
+    st->live_map[s] = 1;
     fg_g.slot = s;
     return 0;
 }

@@ -120,6 +120,12 @@ struct fg_devstate {
      * probe per live process): the memory of a process that died and was not reaped yet is
      * gone on a real GPU.  0: never verified (fakegpu-ctl high --watch BYTES sets it). */
     uint64_t high_watch;
+    /* fg_dev_used of this device, kept up to date under the lock at every change (charges,
+     * frees, contexts, shared memory let go, reaped processes), so that a charge costs no scan
+     * of every process; ctx_total: the contexts' part of it.  fakegpu-ctl high checks them
+     * against a scan. */
+    uint64_t used_total;
+    uint64_t ctx_total;
 };
 
 /* A device allocation shared between processes (cuda_ipc.c): exported to a POSIX file
@@ -166,6 +172,9 @@ struct fg_state {
     struct fg_header h;
     struct fg_devcfg cfg[FG_MAX_DEV];
     struct fg_devstate ds[FG_MAX_DEV];
+    /* live_map[s] is 1 while slots[s].state is FG_SLOT_LIVE (changed with it, under the lock):
+     * scans read this page instead of one page per slot */
+    uint8_t live_map[FG_MAX_SLOTS];
     struct fg_slot slots[FG_MAX_SLOTS];
     struct fg_shared shared[FG_MAX_SHARED];
 };
@@ -236,7 +245,8 @@ void fg_reap_lazy(void);
 void fg_note_high(struct fg_state *st, int dev);
 int fg_slot_alive(int slot);
 uint64_t fg_now(void); /* CLOCK_MONOTONIC ns */
-uint64_t fg_dev_used(const struct fg_state *st, int dev);
+uint64_t fg_dev_used(const struct fg_state *st, int dev); /* the running total (O(1)) */
+uint64_t fg_dev_used_scan(const struct fg_state *st, int dev); /* the same, summed over the slots */
 uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev);
 void fg_release_slot(struct fg_state *st, int slot);
 void fg_atfork_child(void);
