@@ -92,6 +92,7 @@ FG_API CUresult cuInit(unsigned int flags)
     if (fg_open(0) != 0) {
         rc = CUDA_ERROR_NO_DEVICE;
     } else {
+        fg_identify();
         fg_lock();
         int r = fg_register();
         fg_unlock();

@@ -401,11 +401,34 @@ void fg_reap_in(struct fg_state *st)
 static int take_free_slot(struct fg_state *st);
 static int fill_slot(struct fg_state *st, int s);
 
+/* who this process is (read outside the lock: /proc reads take tens of microseconds) */
+static struct {
+    int ready;
+    uint64_t pidns, start_time;
+    char comm[16];
+} g_id;
+
+void fg_identify(void)
+{
+    if (g_id.ready)
+        return;
+    g_id.pidns = fg_self_pidns();
+    g_id.start_time = read_start_time();
+    FILE *f = fopen("/proc/self/comm", "re");
+    if (f) {
+        if (fgets(g_id.comm, sizeof(g_id.comm), f))
+            g_id.comm[strcspn(g_id.comm, "\n")] = '\0';
+        fclose(f);
+    }
+    g_id.ready = 1;
+}
+
 int fg_register(void)
 {
     struct fg_state *st = fg_g.st;
     if (fg_g.slot >= 0)
         return 0;
+    fg_identify();
     /* Dead slots are reclaimed lazily (a probe per live process would make a burst of N
      * processes starting together cost N^2 syscalls under the lock), and at once when no slot
      * is free. */
@@ -435,19 +458,14 @@ static int take_free_slot(struct fg_state *st)
 static int fill_slot(struct fg_state *st, int s)
 {
     struct fg_slot *sl = &st->slots[s];
-    memset(sl, 0, sizeof(*sl));
+    /* a free slot is all zero (fg_release_slot, a fresh file): only its header is written,
+     * not its 54 KiB of per-device queues and periods */
     sl->pid = (int32_t)getpid();
-    sl->pidns = fg_self_pidns();
-    if (sl->pidns == FG_PIDNS_INIT)
-        sl->host_pid = sl->pid; /* already a host pid */
-    sl->start_time = read_start_time();
+    sl->pidns = g_id.pidns;
+    sl->host_pid = sl->pidns == FG_PIDNS_INIT ? sl->pid : 0; /* already a host pid */
+    sl->start_time = g_id.start_time;
     sl->generation = ++st->h.generation;
-    FILE *f = fopen("/proc/self/comm", "re");
-    if (f) {
-        if (fgets(sl->comm, sizeof(sl->comm), f))
-            sl->comm[strcspn(sl->comm, "\n")] = '\0';
-        fclose(f);
-    }
+    memcpy(sl->comm, g_id.comm, sizeof(sl->comm));
     sl->state = FG_SLOT_LIVE;
     st->live_map[s] = 1;
     fg_g.slot = s;
@@ -456,6 +474,7 @@ static int fill_slot(struct fg_state *st, int s)
 
 void fg_atfork_child(void)
 {
+    g_id.ready = 0; /* another process */
     /* The child shares the parent's open file description, and with it the parent's locks: it
      * must not use them.  Drop everything; the child opens the state anew when it initialises. */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;

@@ -231,7 +231,10 @@ struct fg_state *fg_snapshot_begin(void);
 /* The last private copy as it is (NULL if none); fg_snapshot_end releases it. */
 struct fg_state *fg_snapshot_last(void);
 void fg_snapshot_end(void);
-/* Registers this process in a slot (holding its liveness lock).  Call with the lock held. */
+/* Reads this process's identity (pid namespace, start time, name) for fg_register: call it
+ * before taking the lock.  Registers this process in a slot (holding its liveness lock): call
+ * with the lock held. */
+void fg_identify(void);
 int fg_register(void);
 /* Reclaims the slots of dead processes.  Call with the lock held (or on a snapshot). */
 void fg_reap(void);
