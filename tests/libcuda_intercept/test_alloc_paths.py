@@ -241,3 +241,31 @@ def test_every_command_runs_clean(node: Node) -> None:
     assert r.rc == 0, r.err
     assert rcs(r, "gattr_reset") == [OK]
     assert r.one("gattr_reset")["bad"] == INVALID_VALUE and r.one("gattr_reset")["current"] == INVALID_VALUE
+
+
+def test_the_region_ledger_reads_back_in_python(node_plain: Node) -> None:
+    """vgpu/region.py reads the shared ledger (the monitor subtracts what a slot holds from the
+    NVML usage it attributes to the process)."""
+    from vgpu import region as R
+
+    node = node_plain
+    node.limit(LIMIT)
+    t = node.tmp
+    a = node.paths_popen("init", "alloc", 32 * MiB, "ipc_get", 0, t / "h", "await", t / "go")
+    b = node.paths_popen("init", "ipc_open", t / "h", "signal", t / "b", "await", t / "go")
+    try:
+        deadline = time.time() + 30
+        while not (t / "b").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        snap = R.read_region(str(node.region))
+        assert len(snap.shared) == 1
+        e = snap.shared[0]
+        assert (e.device, e.bytes) == (0, 32 * MiB)
+        slots = {s.pid: s.index for s in snap.slots}
+        assert sorted(e.holders) == sorted([slots[a.pid], slots[b.pid]])
+        assert snap.shared_held(slots[b.pid], 0) == 32 * MiB
+        assert sum(s.device_bytes[0] for s in snap.slots) == 0, "counted in the ledger, not in a slot"
+    finally:
+        (t / "go").write_text("1")
+        a.communicate(timeout=30)
+        b.communicate(timeout=30)
