@@ -102,7 +102,7 @@ class Daemon:
         self.restart_event = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         node = inventory.node_name(cfg.node_name)
-        # What the node handed out, published with the inventory (docs/scheduler.md, "Usage"),
+        # What the node handed out, published with the inventory (docs/developers/scheduler.md, "Usage"),
         # each slice named by the pod holding it from the kubelet's checkpoint.
         self.usage = usage.Tracker(state, cfg.resource_name, self.where.checkpoint)
         self.annotator = inventory.NodeAnnotator(

@@ -1,4 +1,4 @@
-"""Scheduler decisions in Allocate (contract: vgpu/scheduling.py, docs/device-plugin.md).
+"""Scheduler decisions in Allocate (contract: vgpu/scheduling.py, docs/developers/device-plugin.md).
 
 vgpu-scheduler records on each pod it places which GPUs every vGPU container gets and how
 much of them (`vgpu.k8s.io/decision`), and sets `bind-phase=allocating` with the Binding.

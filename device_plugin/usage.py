@@ -2,7 +2,7 @@
 
 Every slice the node gave a container is in an allocation record, whether a scheduler decided it
 or not (a pod of another scheduler, one placed before vgpu-scheduler ran, or one given n x 1/K).
-The scheduler counts them all (one truth for usage, docs/scheduler.md) from this document: one
+The scheduler counts them all (one truth for usage, docs/developers/scheduler.md) from this document: one
 entry per vGPU slot and record holding it, with the memory limit and compute share of the record.
 
 Each entry names the pod UID and container holding it, so that the scheduler counts a pod's

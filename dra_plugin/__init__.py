@@ -1,1 +1,1 @@
-"""vgpu-dra-plugin: the kubelet DRA front end of the node agent (docs/dra.md)."""
+"""vgpu-dra-plugin: the kubelet DRA front end of the node agent (docs/developers/dra-plugin.md)."""

@@ -44,7 +44,7 @@ def preload_text() -> str:
     untrusted rootfs, outside the checks of runtime_hook/. So the file is ours alone, written on
     the host, mounted read-only by the runtime (runc resolves the mount point inside the rootfs
     with its own symlink-safe join, as for every volume and for NVIDIA's CDI mounts): the image
-    cannot widen it, and its own preload entries are not loaded (docs/dra.md says so).
+    cannot widen it, and its own preload entries are not loaded (docs/developers/dra-plugin.md says so).
     """
     return vpaths.CONTAINER_LIBRARY + "\n"
 

@@ -47,7 +47,7 @@ NVML_HANG_S = 2.0
 BACKSTOP_INTERVAL_S = 0.5
 STALE_HOLD_S = 1.0
 
-# Every kind of `vgpu_monitor_errors_total` the loop counts (docs/monitor.md, "Error kinds"), created
+# Every kind of `vgpu_monitor_errors_total` the loop counts (docs/operators/metrics.md, "Error kinds"), created
 # at 0 when the monitor starts: a kind that first appears with a count already above 0 is invisible
 # to Prometheus's increase()/rate(), which need a previous sample.  (`nvml_call`, the NVML reader's
 # own count, is added by monitor/metrics.py.)

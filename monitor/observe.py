@@ -1,7 +1,7 @@
 """NVML observation for the monitor: per GPU, processes with contexts and their
 memory, per-process SM utilisation samples, device memory and utilisation.
 
-NVML facts this relies on (see docs/monitor.md):
+NVML facts this relies on (see docs/developers/monitor.md):
 - nvmlDeviceGetComputeRunningProcesses (pynvml maps it to _v3, 24-byte entries)
   lists host pids (the driver knows no pid namespaces).
 - nvmlDeviceGetProcessUtilization is called directly with a fixed buffer of

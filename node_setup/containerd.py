@@ -8,7 +8,7 @@ runtime handler `vgpu` names in `base_runtime_spec`.
 The `vgpu` handler is a deep copy of the node's NVIDIA handler (`runtime_type`,
 `options` with `BinaryName`, `SystemdCgroup`, everything): the GPU still reaches
 the container through nvidia-container-runtime, our hook adds the vGPU slice.
-`node_setup.nodetype` decides which handler and which binary (docs/node-types.md).
+`node_setup.nodetype` decides which handler and which binary (docs/operators/install.md).
 
 - containerd 1.6/1.7 (config `version = 2`): the file that owns the effective
   CRI section is edited in place with tomlkit (comments and every other setting

@@ -79,9 +79,9 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    cmd, _ = settings.scan_argv(args)
+    cmd, opts = settings.scan_argv(args)
     if cmd in _HOOK_COMMANDS and "-h" not in args and "--help" not in args:
-        return hook.main(args)
+        return hook.run(args, cmd, opts)
     ns = build_parser().parse_args(args)
     if ns.cmd in _HOOK_COMMANDS:  # --help was handled by argparse
         return 2

@@ -21,7 +21,7 @@ ENTRY = "runtime_hook.fastpath"
 # (runtime_hook.settings.load_config: vgpu.config, msgspec and a TOML parser from site-packages):
 # never on the paths the installed hook runs.
 INSTALLER_ONLY = frozenset({"vgpu.config"})
-# Needed because `site` is imported for a token container (hotpath._enable_site_packages).
+# `site` is among them: runtime_hook.settings.enable_site_packages imports it to read a node config.
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 
 

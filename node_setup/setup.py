@@ -48,7 +48,7 @@ class Options(msgspec.Struct, kw_only=True):
     without_nvidia_runtime: bool = False
     containerd_args: list[str] = msgspec.field(default_factory=list)
     restart_containerd: bool = False
-    # DRA nodes (docs/dra.md): the library under the prefix only. The DRA plugin's CDI specs mount
+    # DRA nodes (docs/developers/dra-plugin.md): the library under the prefix only. The DRA plugin's CDI specs mount
     # it into the containers and give them /etc/ld.so.preload; no hook, no containerd handler, no
     # host python3 needed, containerd's config is never touched.
     library_only: bool = False

@@ -9,7 +9,7 @@
 # /usr/bin/python3): its bin/python links to that path and compiled wheels
 # (grpcio, msgspec, psutil, ...) are chosen for its ABI, so a package runs only
 # where the same Python (major.minor) lives at the same path.  Debian 12 and
-# Ubuntu 23.04 have /usr/bin/python3 = 3.11; see docs/packaging.md.
+# Ubuntu 23.04 have /usr/bin/python3 = 3.11; see docs/developers/node-setup.md.
 #
 # Dependencies come pinned from packaging/requirements.lock (binary wheels
 # only, --no-deps: the lock is the complete closure); the project itself is

@@ -53,6 +53,11 @@ def _say(msg: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     cmd, opts = settings.scan_argv(args)
+    return run(args, cmd, opts)
+
+
+def run(args: list[str], cmd: str | None, opts: dict[str, str]) -> int:
+    """The hook for a command line already scanned (`cmd`, `opts`: settings.scan_argv of `args`)."""
     if cmd not in ("prestart", "poststop") or "-h" in args or "--help" in args:
         _say(USAGE if cmd in (None, "prestart", "poststop") else f"unknown command {cmd!r}; {USAGE}")
         return 2

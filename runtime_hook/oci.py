@@ -202,7 +202,7 @@ def mentions_token(raw: bytes) -> bool:
 def decide_prestart(stdin: bytes, read_spec: Any = read_spec_bytes) -> Proceed | Skip | Fail:
     """The hook's first decision, from stdin bytes and a reader of config.json.
 
-    Failure policy (docs/hook.md): input we cannot parse fails the container
+    Failure policy (docs/developers/hook.md): input we cannot parse fails the container
     only when it shows an allocation token; otherwise the container is left
     alone (exit 0) and the problem is logged.
     """

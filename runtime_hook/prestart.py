@@ -1,6 +1,6 @@
 """`vgpu-hook prestart` for a container that carries an allocation token.
 
-Steps (docs/hook.md): validate the container id and the record, check the
+Steps (docs/developers/hook.md): validate the container id and the record, check the
 container's GPU requests against it (NVIDIA_VISIBLE_DEVICES, volume mounts, CDI
 annotations, injected device nodes: oci.gpu_requests_outside), create the per-container state directory
 (limits, region, metadata; ld.so.preload is written by the mount helper once

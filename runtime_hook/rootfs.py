@@ -7,7 +7,7 @@ rootfs fd, and never climbs above it).  Callers get file descriptors, never
 strings: a mount then targets the object that was checked, not a path the
 image could swap in between (the CVE-2024-0132 TOCTOU).
 
-Policy for the final component of a mount point (docs/hook.md): it is used
+Policy for the final component of a mount point (docs/developers/hook.md): it is used
 when it is absent (we create it, O_EXCL|O_NOFOLLOW) or already of the right
 type; a symlink, a directory where a file is expected, a FIFO, socket or
 device node is refused.  Intermediate directories may be symlinks: they are

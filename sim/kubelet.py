@@ -384,7 +384,7 @@ class _LateListener:
     bind(2) - the file appears, inotify reports it - then listen(2) (net/sock_posix.go
     `listenStream`); a connect between the two is refused (ECONNREFUSED). Recorded on the real
     kubelet v1.36.2 under CPU load: our plugin's connect refused 32 ms after the file appeared
-    (docs/device-plugin.md, "Verified on the real kubelet"). Here bind happens at once and listen
+    (docs/developers/device-plugin.md, "Verified on the real kubelet"). Here bind happens at once and listen
     `listen_after_s` later; accepted connections are relayed byte for byte to the gRPC server,
     which serves a private socket outside the watched directory."""
 

@@ -87,7 +87,7 @@ DriverName = Annotated[
 
 
 class DRAConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The DRA front end's own settings (`vgpu-dra-plugin`, docs/dra.md). The node's slicing
+    """The DRA front end's own settings (`vgpu-dra-plugin`, docs/developers/dra-plugin.md). The node's slicing
     (split count, scalings), kubelet dir, node name and NVIDIA CDI kind are the `device_plugin`
     section's, the library `hook.library_path`, the state dir `common.state_dir`: one node core
     serves both front ends, with one set of node settings."""

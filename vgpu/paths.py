@@ -33,7 +33,7 @@ CLAIM_METADATA_FILE = "claim.json"
 
 # Plain character sets, not `re` (nor `dataclasses` below): the OCI hook
 # imports this module on every vGPU container start, and those two imports
-# cost it more than all its own work (docs/hook.md).
+# cost it more than all its own work (docs/developers/hook.md).
 _TOKEN_CHARS = frozenset("0123456789abcdef")
 # Container ids: containerd/CRI use 64 hex chars; runc accepts [\w+-.]; we
 # accept that set, bounded, and never a path separator or a dot-only name.
@@ -129,7 +129,7 @@ class Paths:
 
     @property
     def claims_dir(self) -> str:
-        """Per-claim state of the DRA front end (docs/dra.md): `<uid>/` and the shared ld.so.preload.
+        """Per-claim state of the DRA front end (docs/developers/dra-plugin.md): `<uid>/` and the shared ld.so.preload.
         Under the run dir when there is one: the DRA plugin rebuilds it from its checkpoint."""
         return os.path.join(self.run_dir or self.state_dir, "claims")
 

@@ -16,7 +16,7 @@ them, per pod by the effective-request rule (`node_usage`, `pod_usage`): the sch
 Node-level totals (`RESOURCE_NODE_MEM`, `RESOURCE_NODE_CORES`) make GPU memory and compute
 resources kube-scheduler itself counts, so a pod blocked by them reaches preemption: the device
 plugin advertises the node's totals in the Node's status, the webhook adds the container's totals
-(`node_level_requests`) to its requests (docs/scheduler.md, "Preemption").
+(`node_level_requests`) to its requests (docs/developers/scheduler.md, "Preemption").
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ValueError("follow_lease and leader_elect exclude each other (one gate for the verbs)")
         if self.follow_lease and not self.handover_s > self.retry_period_s:
             # The previous replica learns of a released Lease within one poll: the next one
-            # must wait longer than that before relisting (follow.py, docs/scheduler.md).
+            # must wait longer than that before relisting (follow.py, docs/developers/scheduler.md).
             raise ValueError("follow_lease needs handover_s > retry_period_s")
 
     scheduler_name: str = "vgpu-scheduler"  # the kube-scheduler profile the webhook sends vGPU pods to

@@ -15,7 +15,7 @@ annotations: kube-apiserver merges them into the pod in the same update that set
 conditioned on the pod's UID and the resourceVersion the filter decided on. One write per pod,
 and a pod is never bound without its decision nor decided without being bound. A reservation
 whose bind never comes stops counting after `reservation_ttl_s`. Nothing waits for the kubelet's
-Allocate (docs/scheduler.md, "Concurrency without a node lock").
+Allocate (docs/developers/scheduler.md, "Concurrency without a node lock").
 """
 
 from __future__ import annotations
@@ -357,7 +357,7 @@ class Extender:
         for attempt in range(self.cfg.conflict_retries + 1):
             if not self.is_leader():
                 # Checked again just before the write: serving may have ended meanwhile, and a
-                # decision written now could race the next serving replica's (docs/scheduler.md,
+                # decision written now could race the next serving replica's (docs/developers/scheduler.md,
                 # "Failover"). Nothing is written; kube-scheduler retries the pod.
                 return ExtenderBindingResult(Error="vgpu-scheduler: not the leader")
             if decision is not None:

@@ -18,7 +18,7 @@ kube-scheduler, on this node's clock; for a holder in another pod the holder nam
 ours". The handover_s margin stops us before any other kube-scheduler may take the Lease (client-go
 takes it only after leaseDurationSeconds without a renewal), so writes we started land first. On
 becoming the serving one we wait handover_s (a released Lease is taken at once, while the previous
-extender may still be finishing a filter), then relist, and only then serve (docs/scheduler.md,
+extender may still be finishing a filter), then relist, and only then serve (docs/developers/scheduler.md,
 "Failover").
 """
 

@@ -6,7 +6,7 @@ another thread holds the interpreter is a millisecond the filter may wait for it
 library's http.server spends about 0.4 ms of CPU per request of its own (header parsing through
 the email package, buffered file objects, a reason phrase table); this server reads a request
 with a few recv calls into one buffer, parses only the headers it needs, and answers with one
-send: a tenth of that (make bench-scheduler, docs/scheduler.md "Scale").
+send: a tenth of that (make bench-scheduler, docs/developers/scheduler.md "Scale").
 
 What it accepts is what its callers send: kube-scheduler's extender client and kube-apiserver's
 webhook client (Go net/http: a body of known length, `Content-Length`; recorded in

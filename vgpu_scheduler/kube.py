@@ -6,7 +6,7 @@ plugins). The calls themselves go through `Transport`, a small HTTP/1.1 client o
 connection per thread: the generated client spends about 0.8 ms of CPU per call (argument
 validation, serialisation, urllib3), ten times what the request itself needs, and every
 millisecond a bind or a watch holds the interpreter is a millisecond the filter may wait for it
-(make bench-scheduler, docs/scheduler.md "Scale"). Bodies are JSON read with msgspec; watch
+(make bench-scheduler, docs/developers/scheduler.md "Scale"). Bodies are JSON read with msgspec; watch
 events and lists of pods and nodes are decoded into the few fields the scheduler keeps
 (snapshot.py), never into whole objects. A kubeconfig with a proxy goes through the client's own
 connection pool instead (urllib3 speaks to proxies).

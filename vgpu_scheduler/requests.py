@@ -1,6 +1,6 @@
 """What a pod asks for: per-container vGPU requests and the pod's placement options (pure).
 
-Resource semantics (docs/scheduler.md, "Resources"):
+Resource semantics (docs/operators/scheduling.md, "Resources"):
 - `nvidia.com/gpu: N` — N distinct physical GPUs; each GPU gets the memory and cores below.
 - `nvidia.com/gpumem: M` — M MiB on each of the N GPUs; `nvidia.com/gpumem-percentage: P` —
   P % of each GPU's schedulable memory (exclusive with gpumem).

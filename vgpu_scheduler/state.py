@@ -85,7 +85,7 @@ def _settle_after_list() -> None:
     GC's full collections, which otherwise walk all of them (100-200 ms pauses measured at 5,000
     pods, long enough for a filter to miss its deadline); garbage is collected first so none is
     frozen. Then the memory the list's text and its decoding took goes back to the system
-    (glibc keeps freed heap otherwise: issue 15 saw 196 MiB after a relist at 5,000 nodes)."""
+    (glibc keeps freed heap otherwise: 196 MiB after a relist at 5,000 nodes, measured)."""
     gc.collect()
     gc.freeze()
     _malloc_trim()

@@ -99,7 +99,7 @@ def mutate(pod: Obj, cfg: SchedulerConfig, limits: Limits) -> list[Obj]:
     ours = not name or name == cfg.scheduler_name or (name == "default-scheduler" and cfg.overwrite_default_scheduler)
     if ours:
         # Node-level totals kube-scheduler counts, so a pod blocked by GPU memory or compute
-        # reaches preemption (docs/scheduler.md, "Preemption"); on the pod as the ops so far leave it.
+        # reaches preemption (docs/developers/scheduler.md, "Preemption"); on the pod as the ops so far leave it.
         want = {r.name: sc.node_level_requests(r.count, r.mem_mib, r.cores) for r in reqs}
         ops += sc.node_level_patch(after.get("spec") or {}, want)
     if not name or (name == "default-scheduler" and cfg.overwrite_default_scheduler):

@@ -320,7 +320,7 @@ class Doctor:
 
     def _strategy_problem(self, f: NodeFacts, binary: str) -> tuple[str, str] | None:
         """(problem, fix) when the vgpu handler's NVIDIA runtime cannot give a container the GPUs
-        the device plugin names, in the mode it runs (docs/node-types.md), else None.
+        the device plugin names, in the mode it runs (docs/operators/install.md), else None.
 
         - `.legacy`: its hook reads the toolkit config and refuses unless the mode resolves to
           legacy or skip-mode-detection (hook_config.go@v1.20.0: assertModeIsLegacy);

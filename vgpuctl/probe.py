@@ -2,7 +2,7 @@
 
 Per visible device, the CUDA driver's view (`cuDeviceGetUuid`, `cuDeviceTotalMem_v2`, and
 `cuMemGetInfo_v2` in a context of its own) and NVML's (`nvmlDeviceGetMemoryInfo`). Inside a vGPU
-container both go through libvgpu.so, so both report the slice (docs/intercept.md, "Reporting");
+container both go through libvgpu.so, so both report the slice (docs/developers/intercept.md, "Reporting");
 elsewhere they report the physical GPU. Used by the chart's `helm test` pod and by
 tests/cluster: the pod asks for a size and checks that its totals are that size.
 

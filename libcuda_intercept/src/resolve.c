@@ -1,7 +1,7 @@
 /*
  * resolve.c — how programs reach the hooks, and how the hooks reach the driver.
  *
- * Rules (docs/intercept.md, reference/cuda-interception.md §1):
+ * Rules (docs/developers/intercept.md, reference/cuda-interception.md §1):
  *  - The real driver is reached through dlopen("libcuda.so.1") /
  *    dlopen("libnvidia-ml.so.1") and the real dlsym, never RTLD_NEXT (a
  *    libcuda that the program dlopens RTLD_LOCAL is not in global scope).

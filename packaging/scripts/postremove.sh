@@ -1,7 +1,7 @@
 #!/bin/sh
 # k8s-vgpu post-removal.  deb: postrm remove|purge|upgrade|...; rpm: %postun <remaining-count>.
 # purge (deb) removes the state and logs; dpkg itself removes the conffile /etc/vgpu/config.toml.
-# rpm has no purge: an erase keeps /var/lib/vgpu and /var/log/vgpu (docs/packaging.md).
+# rpm has no purge: an erase keeps /var/lib/vgpu and /var/log/vgpu (docs/developers/node-setup.md).
 set -e
 
 case "$1" in

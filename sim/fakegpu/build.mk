@@ -49,7 +49,7 @@ $(FG_OUT)/fakegpu-burn: $(FG_SRC)/burn.c $(FG_OUT)/libcuda.so sim/fakegpu/build.
 
 # The simulated NVIDIA container toolkit (sim/fakegpu/toolkit, standard-library Python run by
 # the system python3): nvidia-container-runtime (+ .legacy, .cdi: the mode forced by the name),
-# nvidia-container-runtime-hook, fakegpu-cdi.  docs/fakegpu.md "The simulated container toolkit".
+# nvidia-container-runtime-hook, fakegpu-cdi.  docs/developers/simulators.md "The simulated container toolkit".
 FG_TK_SRC := sim/fakegpu/toolkit
 FG_TK     := nvidia-container-runtime nvidia-container-runtime-hook fakegpu-cdi
 ALL_TARGETS += $(addprefix $(FG_OUT)/,$(FG_TK) fgtoolkit.py nvidia-container-runtime.legacy \

@@ -12,7 +12,7 @@ children with that environment: the dynamic loader reads LD_LIBRARY_PATH once, a
 Keyword overrides apply to every device (device keys: uuid, name, memory, pci_bus_id, numa_node,
 context_overhead, reserved, pci_device_id, sm_count, cc_major, cc_minor, minor_number) or to the
 node (queue_depth, timeslice_us, sample_period_ms, util_window_ms, driver_version, cuda_version).
-See docs/fakegpu.md for the file formats and the model.
+See docs/developers/simulators.md for the file formats and the model.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ These helpers write their inputs so tests never hand-write them:
     env = {**os.environ, "NVIDIA_CTK_CONFIG_FILE_PATH": str(cfg)}   # e.g. containerd's env
     root = operator_root(tmp, gpu)                       # GPU Operator layout, wrappers + config
 
-docs/fakegpu.md "The simulated container toolkit" describes what they do.
+docs/developers/simulators.md "The simulated container toolkit" describes what they do.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Three variants, interleaved in random order, >= 20 runs each (BENCH_HOOK_RUNS):
 no hook, our hooks on a container without a token, our hooks on a vGPU
 container.  Overheads are differences of medians against the no-hook runs.
+BENCH_HOOK_BASELINE=<git revision> adds the same two hooked variants with the hook of that
+revision (its runtime_hook/ and vgpu/, from `git archive`), interleaved in the same run: an A/B
+that the machine's load cannot bias (`*_baseline` lines, and `ab_vgpu_ms` = this tree minus it).
 Also prints where the time of one no-token hook invocation goes.
 Prints name=value lines; the last line is the summary.
 """
@@ -63,6 +66,16 @@ def _site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
+def _baseline_tree(rev: str, dst: Path) -> Path:
+    """runtime_hook/ and vgpu/ of git revision `rev`, extracted under dst; its hook script."""
+    dst.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "runtime_hook", "vgpu"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dst)], input=archive, check=True)
+    return dst / "runtime_hook" / "fastpath.py"
+
+
 def main() -> int:
     if not support.have_runc():
         print("bench-hook: needs root, runc and busybox-static", file=sys.stderr)
@@ -87,6 +100,15 @@ def main() -> int:
             "plain_python": support.make_bundle(tmp / "b-plain-py", ["true"], rootfs=rootfs, hook=python_only),
             "vgpu_python": support.make_bundle(tmp / "b-vgpu-py", ["true"], rootfs=rootfs, hook=python_only, env=env),
         }
+        baseline = os.environ.get("BENCH_HOOK_BASELINE", "")
+        if baseline:
+            old = _baseline_tree(baseline, tmp / "baseline")
+            print(f"baseline={baseline}")
+            base = support.hooks(state, lib, tmp / "log", shell=True, python=hook_py, fastpath=old)
+            bundles["plain_baseline"] = support.make_bundle(tmp / "b-plain-base", ["true"], rootfs=rootfs, hook=base)
+            bundles["vgpu_baseline"] = support.make_bundle(
+                tmp / "b-vgpu-base", ["true"], rootfs=rootfs, hook=base, env=env
+            )
         runc_root = tmp / "runc"
         times: dict[str, list[float]] = {k: [] for k in bundles}
         order = [k for k in bundles for _ in range(runs)]
@@ -115,6 +137,11 @@ def main() -> int:
         print(f"hook_overhead_ms_vgpu={vgpu:.1f}")
         print(f"hook_overhead_ms_plain_python_only={med['plain_python'] - med['none']:.1f}")
         print(f"hook_overhead_ms_vgpu_python_only={med['vgpu_python'] - med['none']:.1f}")
+        if baseline:
+            print(f"hook_overhead_ms_plain_baseline={med['plain_baseline'] - med['none']:.1f}")
+            print(f"hook_overhead_ms_vgpu_baseline={med['vgpu_baseline'] - med['none']:.1f}")
+            print(f"ab_plain_ms={med['plain'] - med['plain_baseline']:.1f}")
+            print(f"ab_vgpu_ms={med['vgpu'] - med['vgpu_baseline']:.1f}")
 
         # Where the time of one no-token invocation goes (median of 20 each).
         py = hook_py
@@ -139,6 +166,12 @@ def main() -> int:
             f"summary: installed hook overhead on runc run (median of {runs}): plain {plain:.1f} ms "
             f"(target <= {TARGET_PLAIN_MS:.0f}), vgpu {vgpu:.1f} ms (target <= {TARGET_VGPU_MS:.0f}), "
             f"no-hook runc run {med['none']:.1f} ms: {'OK' if ok else 'ABOVE TARGET'}"
+            + (
+                f"; against {baseline}: vgpu {med['vgpu'] - med['vgpu_baseline']:+.1f} ms, "
+                f"plain {med['plain'] - med['plain_baseline']:+.1f} ms"
+                if baseline
+                else ""
+            )
         )
         return 0
     finally:

@@ -11,9 +11,9 @@ BENCH_BIND_THREADS threads (default 16).
 
 Write latency: every POST, PUT, PATCH and DELETE the stand-in serves waits a log-normal time with
 median BENCH_WRITE_P50_MS (10) and 99th percentile BENCH_WRITE_P99_MS (50): what a real
-kube-apiserver with etcd showed in issue 15 (the extender's filter, which wrote the decision
-synchronously, took 13/54 ms p50/p99 against a real API server at 100 nodes, of which the
-extender's own work was about 3 ms). Reads are not slowed. Setup (nodes, pods) runs before the
+kube-apiserver with etcd shows (a filter that wrote the decision synchronously took 13/54 ms
+p50/p99 against a real API server at 100 nodes, of which the extender's own work was about
+3 ms). Reads are not slowed. Setup (nodes, pods) runs before the
 latency is switched on.
 
 Cases (each prints its figures with a prefix; BENCH_CASES picks, default "100,5000"):

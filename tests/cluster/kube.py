@@ -30,7 +30,7 @@ HOLD = "vgpuctl slice; trap 'exit 0' TERM; sleep infinity & wait"
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything the suite takes from the environment (docs/scheduler.md, "Acceptance suite")."""
+    """Everything the suite takes from the environment (docs/operators/install.md, "Acceptance suite")."""
 
     kubeconfig: str
     namespace_prefix: str = "vgpu-test"

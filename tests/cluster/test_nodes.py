@@ -31,7 +31,7 @@ def test_node_allocatable_is_k_times_the_gpus(cluster: Cluster) -> None:
         # capacity and the healthy ones in allocatable.
         assert quantity.whole(status["capacity"][resource]) == sum(g.split_count for g in inv.gpus), name
         assert quantity.whole(status["allocatable"][resource]) == sum(g.split_count for g in inv.gpus if g.health), name
-        # The node-level totals kube-scheduler counts (docs/scheduler.md, "Resources"), written to
+        # The node-level totals kube-scheduler counts (docs/operators/scheduling.md, "Resources"), written to
         # the Node's status by the device plugin: all GPUs, healthy or not, in capacity and allocatable.
         for key, want in sc.node_capacity(inv).items():
             for part in ("capacity", "allocatable"):

@@ -1,7 +1,7 @@
 """Preemption through the scheduler: a higher-priority pod blocked by GPU memory evicts exactly
 the pods whose eviction lets it fit on one GPU; a pod that no GPU of the node could hold, even
-empty, evicts nobody (issue 15, problem 3: kube-scheduler alone evicted running vGPU pods again and
-again for a pod that could never fit).
+empty, evicts nobody (kube-scheduler alone, counting node totals, would evict running vGPU pods
+again and again for a pod that can never fit).
 
 One node (VGPU_TEST_NODE, else the first whose GPUs are all free) is filled: on every GPU of
 memory M a low-priority pod of M/4 and a medium-priority pod of the rest, each pinned to its GPU.

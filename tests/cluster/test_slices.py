@@ -60,7 +60,7 @@ def test_gpumem_and_gpucores_through_the_scheduler(cluster: Cluster, pods: Pods)
         pytest.skip("no GPU with 3000 MiB and 30 % free")
     pods.create("sized", {s.resource: "1", sc.RESOURCE_MEM: "3000", sc.RESOURCE_CORES: "30"})
     p = cluster.wait_running("sized")
-    assert limits_of(p)[sc.RESOURCE_MEM] == "3k"  # what kube-apiserver stored (problem 2 of issue 15)
+    assert limits_of(p)[sc.RESOURCE_MEM] == "3k"  # what kube-apiserver stored
     _node, uuid, memory, cores = _one_gpu(p)
     assert (memory, cores) == (3000 * MiB, 30)
     _sees_exactly(cluster.seen("sized"), uuid, 3000 * MiB)

@@ -1,4 +1,4 @@
-"""One truth for usage (issue 15, problem 4): a vGPU pod placed by default-scheduler (or before
+"""One truth for usage: a vGPU pod placed by default-scheduler (or before
 vgpu-scheduler was installed) holds 1/K of a GPU that the scheduler must count, so the rest of that
 GPU is all it may give away; and once that pod is gone, its slice must stop counting, or the GPU
 stays partly taken by nobody.
@@ -84,7 +84,7 @@ def test_a_deleted_default_scheduler_pods_slice_is_released(cluster: Cluster, po
     device checkpoint only in UpdateAllocatedDevices (pkg/kubelet/cm/devicemanager/manager.go), at
     its next Allocate on the node; until then the GPU stayed partly taken by nobody. Every published
     slice now names its pod (from the kubelet checkpoint), and a deleted pod's slice stops counting
-    as soon as the pod watch sees it gone, although its record stays (docs/scheduler.md, "Usage
+    as soon as the pod watch sees it gone, although its record stays (docs/developers/scheduler.md, "Usage
     accounting: one truth"). On the real cluster it was released 0 s after the pod was gone."""
     node, uuid, held, _gpu = _classic_pod(cluster, pods)
     pods.cleanup()  # the pod is gone from the API (its containers stopped)

@@ -1,7 +1,7 @@
 """The mutating webhook as the real API server calls it: GPU pods are sent to the scheduler, sizes
 that are not whole numbers are refused with the webhook's reason, pods that ask for no GPU are
 left alone, and (VGPU_TEST_DISRUPTIVE=1) while the webhook is down a GPU-less pod is still created
-and a GPU pod is refused with the reason (docs/scheduler.md, "Webhook failure modes")."""
+and a GPU pod is refused with the reason (docs/operators/scheduling.md, "Webhook failure modes")."""
 
 from __future__ import annotations
 

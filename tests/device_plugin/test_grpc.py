@@ -247,7 +247,7 @@ def test_records_kept_when_the_checkpoint_is_unusable(
 
 
 def test_init_container_records_survive_while_the_pod_exists(kubelet: FakeKubelet, inproc) -> None:
-    """The issue: the kubelet gives the init container's vGPU to the app container (two Allocate
+    """The kubelet gives the init container's vGPU to the app container (two Allocate
     calls, same ID, two tokens) and replays the init container's answer when the sandbox is
     recreated. Its record must outlive every GC pass while the pod exists, and the replay must
     find exactly the limits it had."""

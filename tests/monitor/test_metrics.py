@@ -20,7 +20,7 @@ U0 = "GPU-00000000-0000-0000-0000-00000000000a"
 U1 = "GPU-00000000-0000-0000-0000-00000000000b"
 GIB = 1 << 30
 # What Prometheus 2.42 sends (scrape/scrape.go, scrapeAcceptHeader): OpenMetrics first.
-# docs/monitor.md, "Error kinds"
+# docs/operators/metrics.md, "Error kinds"
 ERROR_KINDS = ("actuate", "gc", "loop", "nvml", "nvml_call", "nvml_hang", "region_write", "status")
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"

@@ -3,7 +3,7 @@
 The real vgpu-monitor runs on the simulated GPU with three vGPU containers: two throttled
 workloads on GPU 0 and a notebook allocated on both GPUs that runs nothing.  Two Prometheus
 servers scrape it every second:
-- "plain": a static scrape job with a `node` label (docs/monitor.md, "Prometheus without the
+- "plain": a static scrape job with a `node` label (docs/operators/metrics.md, "Prometheus without the
   operator");
 - "operator": the scrape configuration prometheus-operator generates for the chart's
   ServiceMonitor (tests/support/promoperator.py), with the target labels Kubernetes discovery

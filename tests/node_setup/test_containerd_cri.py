@@ -404,7 +404,7 @@ def test_shape_vgpu_container_through_the_nvidia_runtime(shape_env: ShapeEnv) ->
         # a plain container on the same handler: nothing of ours, and Python never started.  Its
         # image's NVIDIA_VISIBLE_DEVICES=all still asks NVIDIA's runtime for every GPU, which the
         # toolkit's default (accept-nvidia-visible-devices-envvar-when-unprivileged = true) grants:
-        # no limits then - `vgpuctl doctor` WARNs about exactly this (docs/node-types.md).
+        # no limits then - `vgpuctl doctor` WARNs about exactly this (docs/operators/install.md).
         cid2 = _run_gpu(env, pod, sb, "plain", "test -e /run/vgpu && echo has-vgpu || echo no-vgpu; "
                         "test -e /dev/nvidia0 && echo has-gpu || echo no-gpu", None).container_id  # fmt: skip
         env.rt.StartContainer(cri.StartContainerRequest(container_id=cid2))

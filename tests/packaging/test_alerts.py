@@ -1,7 +1,7 @@
 """The alert rules (packaging/helm/k8s-vgpu/files/k8s-vgpu-rules.yaml): valid for Prometheus's own
 `promtool check rules`, each alert fires on the series it is for and stays quiet on healthy ones
 (`promtool test rules`, tests/packaging/data/k8s-vgpu-rules.test.yaml), each has its runbook line
-in docs/monitor.md, and the chart's PrometheusRule is that same file.  The chart's ServiceMonitor
+in docs/operators/metrics.md, and the chart's PrometheusRule is that same file.  The chart's ServiceMonitor
 keeps the monitor's labels (honorLabels).  tests/monitor/test_prometheus.py loads the rules into a
 real Prometheus scraping a real monitor."""
 
@@ -21,7 +21,7 @@ from tests.support.prometheus import PROMTOOL
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "packaging" / "helm" / "k8s-vgpu" / "files" / "k8s-vgpu-rules.yaml"
 RULE_TESTS = ROOT / "tests" / "packaging" / "data" / "k8s-vgpu-rules.test.yaml"
-DOCS = ROOT / "docs" / "monitor.md"
+DOCS = ROOT / "docs" / "operators" / "metrics.md"
 needs_promtool = pytest.mark.skipif(
     shutil.which("promtool") is None, reason="needs Debian's prometheus (packaging/host-deps.sh test)"
 )
@@ -64,10 +64,10 @@ def test_every_alert_has_a_runbook_line() -> None:
     section = text.split("\n## Alerts", 1)[1].split("\n## ", 1)[0]
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(VGPU\w+)`[^|]*\|.*$", section, re.M)}
     for a in _alerts():
-        assert a["annotations"]["runbook"] == "docs/monitor.md#alerts"
+        assert a["annotations"]["runbook"] == "docs/operators/metrics.md#alerts"
         assert a["annotations"]["summary"] and a["annotations"]["description"]
         assert a["labels"]["severity"] in ("warning", "critical")
-        assert a["alert"] in rows, f"no runbook line for {a['alert']} in docs/monitor.md"
+        assert a["alert"] in rows, f"no runbook line for {a['alert']} in docs/operators/metrics.md"
         assert f"({a['labels']['severity']})" in rows[a["alert"]]
     assert set(rows) == {a["alert"] for a in _alerts()}
 

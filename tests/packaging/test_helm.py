@@ -311,7 +311,7 @@ def test_notes_say_how_to_check() -> None:
 
 
 def test_state_dir_reaches_the_hook(tmp_path: Path) -> None:
-    """Problem 5 of issue 15: the chart's stateDir is where the device plugin writes allocation
+    """The chart's stateDir is where the device plugin writes allocation
     records; the hook that the node installer wires into containerd must read them there, whatever
     the host's /etc/vgpu/config.toml says. The init container's args, parsed by the real
     vgpu-node-setup parser, drive the real `vgpu-hook containerd print` against a host root."""

@@ -148,7 +148,7 @@ def test_kube_scheduler_configuration() -> None:
     assert cfg.leaderElection.leaderElect and cfg.leaderElection.resourceNamespace == "kube-system"
     [ext] = cfg.extenders
     assert (ext.filterVerb, ext.prioritizeVerb, ext.bindVerb) == ("filter", "prioritize", "bind")
-    assert ext.preemptVerb == "preempt"  # victims that free a GPU, none that do not (issue 15)
+    assert ext.preemptVerb == "preempt"  # victims that free a GPU, none that do not
     assert ext.nodeCacheCapable and not ext.enableHTTPS and not ext.ignorable
     assert ext.urlPrefix == "http://127.0.0.1:8090" and ext.httpTimeout == "30s"
     assert {m.name: m.ignoredByScheduler for m in ext.managedResources} == {
@@ -360,7 +360,7 @@ def test_webhook_match_condition_on_the_recorded_pods() -> None:
 
 
 def test_webhook_condition_is_the_one_documented() -> None:
-    text = (ROOT / "docs" / "scheduler.md").read_text()
+    text = (ROOT / "docs" / "operators" / "scheduling.md").read_text()
     assert f"```cel\n{_condition()}\n```" in text
 
 

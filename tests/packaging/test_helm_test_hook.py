@@ -5,7 +5,7 @@ Rendered with Helm's own engine; the pod is a valid Pod; its command parses with
 parser; created through the API stand-in (which stores quantities as kube-apiserver does) its
 gpumem is the canonical "3k" that the scheduler reads as the size the command expects; and the
 command itself, run against the simulated GPU through libvgpu.so, passes on a slice of exactly
-that size and fails on any other (the real-cluster run is in docs/scheduler.md, "helm test").
+that size and fails on any other (the real-cluster run is in docs/operators/install.md, "helm test").
 """
 
 from __future__ import annotations

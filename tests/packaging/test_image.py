@@ -331,7 +331,7 @@ def test_installer_and_daemons_run_from_the_image_through_cri(node: Node) -> Non
     with pkgbuild.scratch_root(pkgbuild.debian_root()) as host_root:
         node.host_root = host_root
         # The node's containerd config as kubeadm's instructions make it (Debian's shipped one
-        # relies on the built-in runc handler: docs/packaging.md, known gaps).
+        # relies on the built-in runc handler: docs/developers/node-setup.md, known gaps).
         (host_root / "etc/containerd/config.toml").write_text(default_config(host_root))
         try:
             pod, sb = _pod(node, plugin_ds)

@@ -199,7 +199,7 @@ STOPPED_HOLDER_CLIENT = """
 from ctypes import byref, c_int, c_uint, c_ulonglong, c_void_p
 ctx(0)
 mod, fn = c_void_p(), c_void_p()
-ck(cu.cuModuleLoadData(byref(mod), b"any image"), "load")
+ck(cu.cuModuleLoadData(byref(mod), SPIN_PTX), "load")
 ck(cu.cuModuleGetFunction(byref(fn), mod, b"spin"), "func")
 cu.cuLaunchKernel.argtypes = [c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
                               c_void_p, c_void_p]
@@ -217,7 +217,7 @@ print(json.dumps({"ok": all(ok), "elapsed_ms": (time.monotonic() - t0) * 1e3}), 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known fidelity gap (docs/fakegpu.md, Locking): launches and allocations take the state lock, "
+    reason="known fidelity gap (docs/developers/simulators.md, Locking): launches and allocations take the state lock, "
     "so a process stopped inside it stalls them until it is resumed; readers already do not wait",
 )
 def test_a_stopped_lock_holder_does_not_stall_launches_and_allocations(fakegpu: FakeGPU) -> None:

@@ -279,7 +279,7 @@ print(json.dumps(view() + [time.monotonic() - t0]), flush=True)
 
 
 def test_a_long_lived_nvml_caller_sees_a_killed_process_go(fakegpu: FakeGPU) -> None:
-    """NVML probes slot liveness at most every 200 ms per process (docs/fakegpu.md): a killed
+    """NVML probes slot liveness at most every 200 ms per process (docs/developers/simulators.md): a killed
     process still leaves the process list and its memory is released, within that bound."""
     p = fakegpu.popen([fakegpu.burn, "--alloc", "1g", "--hold", "60"], stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and json.loads(p.stdout.readline())["alloc_result"] == 0

@@ -6,7 +6,7 @@ install` exactly as on a node).  The runc shim's sockets still go to
 /run/containerd/s (fixed path in containerd 1.6); ids are unique per run.
 
 `make_shape` writes the node shapes the NVIDIA toolkit and GPU Operator leave
-(docs/node-types.md) for the detection, install, CRI and doctor tests.
+(docs/operators/install.md) for the detection, install, CRI and doctor tests.
 """
 
 from __future__ import annotations

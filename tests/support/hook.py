@@ -86,13 +86,20 @@ def hook_args(kind: str, *, state_dir: Path, library: Path, log_dir: Path, pytho
 
 
 def hooks(
-    state_dir: Path, library: Path, log_dir: Path, *, shell: bool = False, python: str = sys.executable
+    state_dir: Path,
+    library: Path,
+    log_dir: Path,
+    *,
+    shell: bool = False,
+    python: str = sys.executable,
+    fastpath: Path = FASTPATH,
 ) -> dict[str, Any]:
-    """Hook objects as `vgpu-hook containerd install` writes them (shell=True: with the sh filter)."""
+    """Hook objects as `vgpu-hook containerd install` writes them (shell=True: with the sh filter);
+    `fastpath`: the hook script of another tree (bench-hook's A/B against an earlier version)."""
     from node_setup import containerd
 
     gargs = hook_args("x", state_dir=state_dir, library=library, log_dir=log_dir)[4:-1]
-    entries = containerd.hook_entries(python, gargs, 30, str(state_dir) if shell else None)
+    entries = containerd.hook_entries(python, gargs, 30, str(state_dir) if shell else None, str(fastpath))
     return {k: [v] for k, v in entries.items()}
 
 

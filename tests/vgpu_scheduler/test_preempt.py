@@ -1,4 +1,4 @@
-"""Preemption that helps, and none that doesn't (issue 15, problem 3).
+"""Preemption that helps, and none that doesn't.
 
 The extender's preempt verb (extender.go ProcessPreemption, preemption.go callExtenders) keeps, per
 candidate node, only victims whose eviction lets the pod fit on that node's GPUs; a node where no
@@ -97,8 +97,8 @@ def test_a_pod_blocked_by_gpu_memory_evicts_exactly_the_victims_that_help(kubeap
 
 
 def test_without_the_preempt_verb_kube_scheduler_evicts_a_pod_that_does_not_help(kubeapi: KubeAPI) -> None:
-    """The same cluster with an extender configured without preemptVerb (the chart before issue
-    15): kube-scheduler evicts b on its own, and the pod still does not fit."""
+    """The same cluster with an extender configured without preemptVerb: kube-scheduler evicts b on
+    its own, and the pod still does not fit."""
     with running_scheduler(kubeapi) as s:
         ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url, preempt_verb="")])
         fragmented(kubeapi, ks, s)

@@ -50,7 +50,7 @@ def test_options_defaults_aliases_and_precedence() -> None:
 
 
 def test_recorded_pods_read_as_the_api_server_stored_them() -> None:
-    """Issue 15, problem 2: the API server stores gpumem 3000 as "3k" (what the webhook and the
+    """The API server stores gpumem 3000 as "3k" (what the webhook and the
     extender of a real cluster were sent); it is 3000 MiB, not an error."""
     from tests.support import traces
 

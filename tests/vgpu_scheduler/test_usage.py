@@ -1,4 +1,4 @@
-"""One truth for usage (issue 15, problem 4): slices no decision names are counted.
+"""One truth for usage: slices no decision names are counted.
 
 The device plugin runs in this process (device_plugin.daemon.Daemon over a synthetic 16 GiB GPU,
 real gRPC with the kubelet stand-in) and publishes what it handed out on its Node; the scheduler

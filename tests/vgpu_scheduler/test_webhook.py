@@ -288,7 +288,7 @@ def webhook_process(tls: dict[str, str], tmp_path_factory: pytest.TempPathFactor
 def test_recorded_api_server_requests_get_the_answer_it_accepts(
     webhook_process: int, tls: dict[str, str], rel: str
 ) -> None:
-    """Problem 1 of issue 15: kube-apiserver calls `POST /webhook?timeout=10s`; the answer must be
+    """kube-apiserver calls `POST /webhook?timeout=10s`; the answer must be
     what its VerifyAdmissionResponse accepts, for every recorded pod (url and service forms)."""
     ctx = ssl.create_default_context(cafile=tls["cert_file"])
     for record in traces.load_json(rel):

@@ -6,7 +6,7 @@ webhook` process over TLS, with the certificate the chart's cert Job makes (vgpu
 
 The pods are those of the recording (tests/data/real-traces/webhook/pods.yaml); what the stand-in
 sends is compared with what the real API server sent. Then the webhook is stopped: a pod that
-asks for no GPU is still created, a GPU pod is refused with the reason (issue 15, problem 1)."""
+asks for no GPU is still created, a GPU pod is refused with the reason."""
 
 from __future__ import annotations
 

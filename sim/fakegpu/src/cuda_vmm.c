@@ -322,47 +322,6 @@ FG_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return rc;
 }
 
-/* The handle of the allocation mapped at addr, one more reference to it. */
-FG_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *out, void *addr)
-{
-    CUresult rc = fg_check_init();
-    if (rc)
-        return rc;
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    uint64_t p = (uint64_t)(uintptr_t)addr;
-    rc = CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_vmu);
-    for (int i = 0; i < MAX_MAPS; i++)
-        if (g_maps[i].h && p >= g_maps[i].ptr && p - g_maps[i].ptr < g_maps[i].size) {
-            g_maps[i].h->refs++;
-            *out = (CUmemGenericAllocationHandle)(uintptr_t)g_maps[i].h;
-            rc = CUDA_SUCCESS;
-            break;
-        }
-    pthread_mutex_unlock(&g_vmu);
-    return rc;
-}
-
-FG_API CUresult cuMemGetAllocationPropertiesFromHandle(struct fg_alloc_prop *prop, CUmemGenericAllocationHandle x)
-{
-    CUresult rc = fg_check_init();
-    if (rc)
-        return rc;
-    if (!prop)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_vmu);
-    struct vmm_handle *h = handle_of(x);
-    if (h) {
-        prop->type = 1;
-        prop->handleTypes = h->handle_types;
-        prop->locType = h->loc_type;
-        prop->locId = h->loc_id;
-    }
-    pthread_mutex_unlock(&g_vmu);
-    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
 /* 1 if [p, p+n) lies inside one mapping */
 int fg_vmm_mapped(uint64_t p, uint64_t n)
 {
@@ -477,5 +436,58 @@ FG_API CUresult cuArrayDestroy(CUarray a)
     fg_uncharge(a->dev, a->bytes, FG_KIND_DEVICE);
     a->magic = 0;
     free(a);
+    return CUDA_SUCCESS;
+}
+
+/* --- handles seen from their mappings (PyTorch's expandable segments ask for these) --------- */
+
+/* The handle mapped at ptr, with one more reference (released by cuMemRelease). */
+FG_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *out, void *addr)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t p = (uint64_t)(uintptr_t)addr;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmu);
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (g_maps[i].h && p >= g_maps[i].ptr && p < g_maps[i].ptr + g_maps[i].size) {
+            g_maps[i].h->refs++;
+            *out = (CUmemGenericAllocationHandle)(uintptr_t)g_maps[i].h;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&g_vmu);
+    return rc;
+}
+
+/* CUmemAllocationProp (32 bytes): type PINNED, the handle types asked for, the location, the rest
+ * zero */
+FG_API CUresult cuMemGetAllocationPropertiesFromHandle(struct fg_alloc_prop *prop, CUmemGenericAllocationHandle x)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmu);
+    struct vmm_handle *h = handle_of(x);
+    struct fg_alloc_prop v = {0};
+    if (h) {
+        v.type = 1;
+        v.handleTypes = h->handle_types;
+        v.locType = h->loc_type;
+        v.locId = h->loc_type == LOC_DEVICE ? fg_ordinal_of(h->dev) : h->loc_id;
+    }
+    pthread_mutex_unlock(&g_vmu);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(prop, 0, 32);
+    prop->type = v.type;
+    prop->handleTypes = v.handleTypes;
+    prop->locType = v.locType;
+    prop->locId = v.locId;
     return CUDA_SUCCESS;
 }

@@ -1,6 +1,6 @@
 /* fakegpu: the device configuration file (FAKEGPU_CONFIG).
  *
- * Format (see docs/fakegpu.md): "key = value" lines; '#' starts a comment; keys before the first
+ * Format (see docs/developers/simulators.md): "key = value" lines; '#' starts a comment; keys before the first
  * "[device]" line are node-wide, each "[device]" starts a new device whose keys default to the
  * built-in device of that index.  No [device] section: the two default devices.
  */

@@ -2,7 +2,7 @@
  *
  * One fixed-size file (FAKEGPU_STATE, default /tmp/fakegpu.state), mmapped by every process that
  * uses the fake libcuda.so.1 / libnvidia-ml.so.1 and by fakegpu-ctl.  Layout below; see
- * docs/fakegpu.md.  All fields are changed only under the global lock (fg_lock/fg_unlock):
+ * docs/developers/simulators.md.  All fields are changed only under the global lock (fg_lock/fg_unlock):
  * a process-local mutex plus an fcntl OFD write lock on byte FG_LOCK_GLOBAL of the file, which the
  * kernel releases when the holder dies.  A process owns its slot while it holds an OFD read lock
  * on byte FG_LOCK_SLOT0 + slot; a slot whose lock nobody holds belongs to a dead process and is

@@ -11,7 +11,7 @@ behaviour cites the file/function it models (paths are the toolkit repository's;
 vendored tags.cncf.io/container-device-interface v1.1.0, `runtime-tools/...` the vendored
 opencontainers/runtime-tools).  Checked against the recorded real runs in
 tests/data/real-traces/nvidia-toolkit/runtime-edit (tests/sim/test_toolkit.py replays them).
-What this stand-in leaves out: docs/fakegpu.md "The simulated container toolkit".
+What this stand-in leaves out: docs/developers/simulators.md "The simulated container toolkit".
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@
 {{- end -}}
 
 {{/* The webhook's CEL matchCondition: a container (init or app) names a vGPU resource in its
-     limits or requests.  docs/scheduler.md quotes it. */}}
+     limits or requests.  docs/operators/scheduling.md quotes it. */}}
 {{- define "k8s-vgpu.webhook.condition" -}}
 has(object.spec) && ((has(object.spec.containers) ? object.spec.containers : []) +
     (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c,
