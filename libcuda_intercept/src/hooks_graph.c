@@ -470,9 +470,11 @@ VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 }
 
 void vgpu_pool_atfork_child(void);
+void vgpu_share_atfork_child(void);
 
 void vgpu_hooks_atfork_child(void)
 {
+    vgpu_share_atfork_child();
     g_mem_execs = 0;
     memset(g_charged, 0, sizeof g_charged);
     vgpu_track_reset_child(&g_gptr);

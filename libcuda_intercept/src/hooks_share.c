@@ -19,6 +19,7 @@
  * exporting process (hooks_pool.c); imported pool pointers are not charged again.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -84,37 +85,35 @@ static uint64_t hash64(const void *p, size_t n)
 static int set_ext(struct vgpu_rec *r, void *arg, int *rm)
 {
     (void)rm;
-    uint64_t *ref = arg;
-    if (r->ext) {
-        *ref = r->ext; /* shared already */
-        return 1;
-    }
-    if (r->kind != VGPU_KIND_DEVICE)
-        return -1;
-    r->ext = *ref;
+    r->ext = *(uint64_t *)arg;
     return 0;
 }
 
+/* exports of this process, one at a time: an object's charge moves into the ledger once */
+static pthread_mutex_t g_share_mu = PTHREAD_MUTEX_INITIALIZER;
+
 /* The charge of tracked object key (t: vgpu_t_ptr or vgpu_t_vmm) moves into the ledger; its
- * reference, or 0 (untracked, ledger full). */
+ * reference, or 0 (untracked, not device memory, the ledger full). */
 static uint64_t share_object(struct vgpu_track *t, uint64_t key)
 {
     struct vgpu_rec r;
-    if (!vgpu_track_get(t, key, &r))
-        return 0;
-    if (r.ext)
-        return r.ext;
-    if (r.kind != VGPU_KIND_DEVICE && t == &vgpu_t_ptr)
-        return 0; /* host-backed or a pool's: not cuMemAlloc memory */
-    uint64_t ref = vgpu_rgn_share(r.dev, r.size);
-    if (!ref)
-        return 0;
-    uint64_t have = ref;
-    if (vgpu_track_update(t, key, set_ext, &have) != 0) {
-        vgpu_rgn_share_drop(ref); /* raced with another export (or the free): keep theirs */
-        return have != ref ? have : 0;
+    uint64_t ref = 0;
+    pthread_mutex_lock(&g_share_mu);
+    if (!vgpu_track_get(t, key, &r)) {
+        ref = 0;
+    } else if (r.ext) {
+        ref = r.ext; /* exported before */
+    } else if (t == &vgpu_t_ptr && r.kind != VGPU_KIND_DEVICE) {
+        ref = 0; /* host-backed or a pool's: not cuMemAlloc memory */
+    } else if ((ref = vgpu_rgn_share(r.dev, r.size)) != 0) {
+        if (vgpu_track_update(t, key, set_ext, &ref) == 0) {
+            vgpu_share_hold(ref);
+        } else { /* freed meanwhile (a race the program made): nothing is left to share */
+            vgpu_rgn_share_drop(ref);
+            ref = 0;
+        }
     }
-    vgpu_share_hold(ref);
+    pthread_mutex_unlock(&g_share_mu);
     return ref;
 }
 
@@ -270,4 +269,10 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
     if (vgpu_track_put(&vgpu_t_vmm, &r) != 0 && ref)
         VLOG(VGPU_LOG_WARN, "import tracking failed: it stays counted");
     return rc;
+}
+
+void vgpu_share_atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_share_mu = fresh;
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -87,13 +88,17 @@ int main(int argc, char **argv)
         printf("ready\n");
         fflush(stdout);
         barrier();
+        struct rusage r0, r1;
+        getrusage(RUSAGE_SELF, &r0);
         long long w0 = ns(CLOCK_MONOTONIC), c0 = ns(CLOCK_PROCESS_CPUTIME_ID);
         init_ctx();
         CUdeviceptr p;
         if (A.cuMemAlloc_v2(&p, 4096) || A.cuMemFree_v2(p))
             die("first alloc failed");
         long long w1 = ns(CLOCK_MONOTONIC), c1 = ns(CLOCK_PROCESS_CPUTIME_ID);
+        getrusage(RUSAGE_SELF, &r1);
         printf("init_wall_ns %lld\ninit_cpu_ns %lld\n", w1 - w0, c1 - c0);
+        printf("init_minflt %ld\ninit_nvcsw %ld\n", r1.ru_minflt - r0.ru_minflt, r1.ru_nvcsw - r0.ru_nvcsw);
         if (argc == 3) {
             FILE *f = fopen(argv[2], "r");
             long long rel = 0;
