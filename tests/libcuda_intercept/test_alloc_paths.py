@@ -148,7 +148,7 @@ def test_memory_shared_by_descriptor_counts_once_whoever_releases_last(node: Nod
     b = node.paths(
         "init", "vimport", t / "fd", 32 * MiB, "vmap", 0, "read", 0, "info", "alloc", 32 * MiB,
         "signal", t / "b1", "await", t / "a1", "info", "alloc", 1, "vunmap", 0, "vrelease", 0, "info",
-        "signal", t / "b2",
+        "free", 1, "signal", t / "b2",
     )  # fmt: skip
     out, err = a.communicate(timeout=60)
     assert a.returncode == 0 and b.rc == 0, (err, b.err)
