@@ -58,6 +58,9 @@ static int make_dir(void)
         return -1;
     if (mkdir(dir, 01777) != 0 && errno != EEXIST)
         return -1;
+    struct stat sb; /* the default state lives in /tmp: never a directory someone linked there */
+    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return -1;
     (void)chmod(dir, 01777); /* processes of other users on the node (containers) share it */
     return 0;
 }
