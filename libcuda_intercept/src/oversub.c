@@ -83,29 +83,45 @@ static int managed_ok(CUdevice ord)
 
 int vgpu_os_can_host(int idx, CUdevice ord) { return vgpu_limits()->dev[idx].oversubscribe && managed_ok(ord); }
 
-VGPU_TLS CUstream vgpu_os_stream;
 
-/* host_ok: 0 no, 1 yes, 2/3 yes unless vgpu_os_stream is captured (3: the per-thread variant) */
-static int host_allowed(int host_ok)
+/* one line for a refusal: at the physical share (error level the first time per path), or over
+ * the slice (info) */
+static void refused(int r, int idx, CUdevice ord, uint64_t n, int host_ok, const char *what)
 {
-    if (host_ok < 2)
-        return host_ok;
-    return !vgpu_os_capturing(vgpu_os_stream, host_ok == 3);
+    const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
+    if (r == VGPU_OVER_SHARE) {
+        const char *why = !host_ok                  ? "this kind of memory cannot live in host memory"
+                          : !L->oversubscribe        ? "oversubscription is off"
+                          : !managed_ok(ord)         ? "the device has no concurrent managed access"
+                                                     : "the slice is full";
+        int lvl = first_refusal(what) ? VGPU_LOG_ERROR : VGPU_LOG_INFO;
+        VLOG(lvl, "%s: refusing %llu bytes on %s: device-resident memory would exceed the container's physical share "
+                  "of %llu bytes (%s)",
+             what, (unsigned long long)n, L->uuid, (unsigned long long)L->device_limit, why);
+    } else {
+        VLOG(VGPU_LOG_INFO, "%s: refusing %llu bytes on %s: over the container's slice of %llu bytes", what,
+             (unsigned long long)n, L->uuid, (unsigned long long)L->memory_limit);
+    }
+}
+
+static int charge_host(int idx, uint64_t n)
+{
+    const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
+    return vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, L->device_limit, vgpu_ctx_reserve(), VGPU_KIND_HOST);
 }
 
 int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *what, int *kind)
 {
     const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
-    int r = VGPU_OVER_SLICE, may = host_ok;
+    int r = VGPU_OVER_SLICE;
     for (int pass = 0; pass < 2; pass++) {
-        r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, L->device_limit, vgpu_ctx_reserve(), VGPU_KIND_DEVICE);
+        r = vgpu_charge(idx, n, VGPU_KIND_DEVICE); /* pool and graph caches refreshed before a "no" */
         if (r == 0) {
             *kind = VGPU_KIND_DEVICE;
             return 0;
         }
-        if (r == VGPU_OVER_SHARE && vgpu_os_can_host(idx, ord) && (may = host_allowed(may))) {
-            r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, L->device_limit, vgpu_ctx_reserve(),
-                                VGPU_KIND_HOST);
+        if (r == VGPU_OVER_SHARE && host_ok && vgpu_os_can_host(idx, ord)) {
+            r = charge_host(idx, n);
             if (r == 0) {
                 *kind = VGPU_KIND_HOST;
                 VLOG(VGPU_LOG_DEBUG, "%s: %llu bytes in host memory (over the physical share of %llu on %s)", what,
@@ -118,21 +134,37 @@ int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *w
             continue;
         break;
     }
-    if (r == VGPU_OVER_SHARE) {
-        const char *why = !host_ok                  ? "this kind of memory cannot live in host memory"
-                          : !L->oversubscribe        ? "oversubscription is off"
-                          : !managed_ok(ord)         ? "the device has no concurrent managed access"
-                          : !may                     ? "the stream is being captured into a graph"
-                                                     : "the slice is full";
-        int lvl = first_refusal(what) ? VGPU_LOG_ERROR : VGPU_LOG_INFO;
-        VLOG(lvl, "%s: refusing %llu bytes on %s: device-resident memory would exceed the container's physical share "
-                  "of %llu bytes (%s)",
-             what, (unsigned long long)n, L->uuid, (unsigned long long)L->device_limit, why);
-    } else {
-        VLOG(VGPU_LOG_INFO, "%s: refusing %llu bytes on %s: over the container's slice of %llu bytes", what,
-             (unsigned long long)n, L->uuid, (unsigned long long)L->memory_limit);
-    }
+    refused(r, idx, ord, n, host_ok, what);
     return -1;
+}
+
+CUresult vgpu_os_async_host(int why, int idx, CUdevice ord, CUdeviceptr *dptr, size_t n, const char *what)
+{
+    if (why == VGPU_OVER_SLICE || !vgpu_os_can_host(idx, ord)) {
+        refused(why ? why : VGPU_OVER_SHARE, idx, ord, n, 1, what);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    int r = charge_host(idx, n);
+    if (r != 0 && vgpu_os_reap(1) > 0)
+        r = charge_host(idx, n);
+    if (r != 0) {
+        refused(r, idx, ord, n, 1, what);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = vgpu_os_managed(dptr, n, CU_MEM_ATTACH_GLOBAL, ord);
+    if (rc != CUDA_SUCCESS) {
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_HOST);
+        return rc;
+    }
+    if (vgpu_remember(&vgpu_t_ptr, *dptr, n, idx, VGPU_KIND_HOST, 0) != 0) {
+        vgpu_in_hook++;
+        REAL(cuMemFree_v2)(*dptr);
+        vgpu_in_hook--;
+        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_HOST);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    VLOG(VGPU_LOG_DEBUG, "%s: %llu bytes in host memory", what, (unsigned long long)n);
+    return CUDA_SUCCESS;
 }
 
 static CUresult advise(CUdeviceptr p, size_t n, int advice, int loc_type, int id)

@@ -18,10 +18,12 @@
  * 0 with *kind = VGPU_KIND_DEVICE or VGPU_KIND_HOST, or -1 (refused, logged;
  * the caller returns CUDA_ERROR_OUT_OF_MEMORY). */
 int vgpu_os_charge(int idx, CUdevice ord, uint64_t n, int host_ok, const char *what, int *kind);
-/* host_ok for a stream-ordered allocation on stream s: not while s is being captured (asked of
- * the driver only when the share is reached, never on the common path) */
-#define VGPU_OS_HOST_UNLESS_CAPTURED(per_thread) ((per_thread) ? 3 : 2)
-extern VGPU_TLS CUstream vgpu_os_stream; /* the stream for VGPU_OS_HOST_UNLESS_CAPTURED */
+
+/* A stream-ordered allocation of n bytes the device cannot take (why: VGPU_OVER_SHARE, the
+ * physical share is reached; 0, the driver had no memory; VGPU_OVER_SLICE: refused) in host
+ * memory, recorded as host-backed in vgpu_t_ptr so that its cuMemFreeAsync frees it in stream
+ * order.  CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (logged). */
+CUresult vgpu_os_async_host(int why, int idx, CUdevice ord, CUdeviceptr *dptr, size_t n, const char *what);
 
 /* 1 if a device allocation that the driver refused for lack of memory may be
  * moved to host memory (oversubscription on, managed memory usable). */

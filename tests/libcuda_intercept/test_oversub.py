@@ -195,6 +195,28 @@ def test_stream_ordered_free_waits_for_the_stream(node: Node) -> None:
         finish(p)
 
 
+def test_an_exported_host_numa_handle_stays_host_memory(node16: Node) -> None:
+    """A cuMemCreate past the share is a host-NUMA handle; exporting it (a POSIX descriptor) does
+    not move it into the shared ledger, which counts device memory: the exporter keeps it as
+    host bytes and its device bytes are not lowered by it."""
+    node = node16
+    a = Container(node, "a")
+    p = a.start(*["vmmfd", CHUNK] * 9, "vexport", 8, "vexport", 0)
+    try:
+        lines = until_waiting(p)
+        assert rcs(lines, "vmm") == ["0"] * 9 and rcs(lines, "vexport") == ["0", "0"], lines
+        snap = R.read_region(str(a.region))
+        ledger = sum(e.bytes for e in snap.shared)  # live entries only
+        assert ledger == CHUNK  # the device handle 0, not the host-NUMA handle 8
+        assert a.usage() == (SHARE - CHUNK, CHUNK)
+        # the share is still full (the ledger counts against it): the next handle is host memory
+        more = node.cutest("gpa", "init", "vmm", 2 * MiB, env=a.env())
+        assert more.one("vmm")["rc"] == "0"
+        assert resident(node, p) == SHARE
+    finally:
+        finish(p)
+
+
 def test_without_oversubscription_nothing_falls_back(node16: Node) -> None:
     node = node16
     node.limit(SHARE)  # a version-1 file: slice = share = 8 GiB

@@ -6,6 +6,10 @@
  *   fakegpu-ctl lost INDEX [0|1]    mark device INDEX lost (injects XID 79) or back
  *   fakegpu-ctl hold-lock SECONDS   take the state lock, print "locked", sleep (tests)
  *   fakegpu-ctl lock-wait           wait for the state lock, print CLOCK_MONOTONIC ns when taken
+ *   fakegpu-ctl high [--reset] [--watch BYTES]
+ *                                   the devices' memory high-water marks (JSON); --reset: then
+ *                                   restart them from the current usage; --watch: a new high
+ *                                   above BYTES is recorded only after dead processes are reaped
  */
 #include "fg_state.h"
 
@@ -18,7 +22,7 @@
 static void usage(void)
 {
     fputs("usage: fakegpu-ctl init [--force] | dump | xid INDEX XID | lost INDEX [0|1] | hold-lock SECONDS | "
-          "lock-wait\n",
+          "lock-wait | high [--reset] [--watch BYTES]\n",
           stderr);
     exit(2);
 }
@@ -70,10 +74,11 @@ static void dump(void)
         printf(",\"pci_bus_id\":");
         json_str(c->pci_bus_id);
         printf(",\"memory\":%llu,\"used\":%llu,\"context_overhead\":%llu,\"numa_node\":%d,\"lost\":%s,"
-               "\"busy_ns\":%llu,\"xid_count\":%llu}",
+               "\"busy_ns\":%llu,\"xid_count\":%llu,\"used_high\":%llu,\"alloc_high\":%llu}",
                (unsigned long long)c->memory, (unsigned long long)fg_dev_used(st, (int)d),
                (unsigned long long)c->context_overhead, c->numa_node, st->ds[d].lost ? "true" : "false",
-               (unsigned long long)st->ds[d].busy_ns, (unsigned long long)st->ds[d].xid_seq);
+               (unsigned long long)st->ds[d].busy_ns, (unsigned long long)st->ds[d].xid_seq,
+               (unsigned long long)st->ds[d].used_high, (unsigned long long)st->ds[d].alloc_high);
     }
     printf("],\"processes\":[");
     int first = 1;
@@ -104,8 +109,57 @@ static void dump(void)
         }
         printf("]}");
     }
+    printf("],\"shared\":[");
+    first = 1;
+    for (int i = 0; i < FG_MAX_SHARED; i++) {
+        const struct fg_shared *e = &st->shared[i];
+        if (e->state != FG_SHARED_LIVE)
+            continue;
+        printf("%s{\"index\":%d,\"kind\":%u,\"device\":%d,\"bytes\":%llu,\"charged_slot\":%d,\"holders\":[", first ? "" : ",", i,
+               e->kind, e->dev, (unsigned long long)e->bytes, e->charged_slot);
+        first = 0;
+        int hfirst = 1;
+        for (int s = 0; s < FG_MAX_SLOTS; s++)
+            if (fg_mask_has(e->holders, s)) {
+                printf("%s%d", hfirst ? "" : ",", s);
+                hfirst = 0;
+            }
+        printf("]}");
+    }
     printf("]}\n");
     fg_read_end(locked);
+}
+
+static void high(int reset, long long watch)
+{
+    struct fg_state *st = fg_g.st;
+    fg_lock();
+    fg_reap();
+    printf("{\"devices\":[");
+    for (unsigned d = 0; d < st->h.ndev; d++) {
+        struct fg_devstate *ds = &st->ds[d];
+        printf("%s{\"index\":%u,\"used\":%llu,\"used_high\":%llu,\"alloc_high\":%llu}", d ? "," : "", d,
+               (unsigned long long)fg_dev_used(st, (int)d), (unsigned long long)ds->used_high,
+               (unsigned long long)ds->alloc_high);
+        if (watch >= 0)
+            ds->high_watch = (uint64_t)watch;
+        if (reset) {
+            ds->used_high = ds->alloc_high = 0;
+            fg_note_high(st, (int)d);
+        }
+    }
+    printf("]}\n");
+    /* the running totals must be what the processes add up to */
+    int bad = 0;
+    for (unsigned d = 0; d < st->h.ndev; d++)
+        if (fg_dev_used_scan(st, (int)d) != fg_dev_used(st, (int)d)) {
+            fprintf(stderr, "fakegpu-ctl: device %u: running total %llu, processes %llu\n", d,
+                    (unsigned long long)fg_dev_used(st, (int)d), (unsigned long long)fg_dev_used_scan(st, (int)d));
+            bad = 1;
+        }
+    fg_unlock();
+    if (bad)
+        exit(3);
 }
 
 int main(int argc, char **argv)
@@ -158,6 +212,20 @@ int main(int argc, char **argv)
         fflush(stdout);
         sleep((unsigned)secs);
         fg_unlock();
+        return 0;
+    }
+    if (!strcmp(cmd, "high")) {
+        int reset = 0;
+        long long watch = -1;
+        for (int i = 2; i < argc; i++) {
+            if (!strcmp(argv[i], "--reset"))
+                reset = 1;
+            else if (!strcmp(argv[i], "--watch") && i + 1 < argc)
+                watch = num(argv[++i], 0, 0x7fffffffffffffffL);
+            else
+                usage();
+        }
+        high(reset, watch);
         return 0;
     }
     if (!strcmp(cmd, "lock-wait") && argc == 2) {

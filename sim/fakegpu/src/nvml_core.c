@@ -384,9 +384,10 @@ static nvmlReturn_t memory(nvmlDevice_t d, uint64_t *total, uint64_t *reserved, 
         return rc;
     /* lock-free (fg_live.c): a momentary answer, never a wait on another process */
     struct fg_state *st = fg_g.st;
-    uint64_t live = fg_live_mask(st), u = 0;
+    uint64_t live[FG_MASK_WORDS], u = 0;
+    fg_live_mask(st, live);
     for (int s = 0; s < FG_MAX_SLOTS; s++)
-        if (live & (1ULL << s))
+        if (fg_mask_has(live, s))
             u += fg_pdev_used(st, s, i);
     *used = u;
     *total = st->cfg[i].memory;

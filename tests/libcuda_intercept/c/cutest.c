@@ -52,6 +52,7 @@ static void usage(void)
             " pooltrim / pooldestroy\n"
             " vmm SIZE            cuMemCreate; vmap I, vunmap I, vrelease I\n"
             " vfull SIZE          cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess (device)\n"
+            " vmmfd SIZE          cuMemCreate exportable as a descriptor; vexport I: export it\n"
             " advise I ADV TYPE ID  cuMemAdvise_v2 on allocation I; prefetch I TYPE ID (+ sync)\n"
             " touch / touchq      one pass of the kernel \"touch\" over every allocation and mapping\n"
             "                     (+ sync / queued only); afreeq I: cuMemFreeAsync without sync\n"
@@ -302,13 +303,15 @@ int main(int argc, char **argv)
             NEEDF(cuMemPoolDestroy);
             printf("pooldestroy rc=%d\n", pool ? A.cuMemPoolDestroy(pool) : -1);
             pool = NULL;
-        } else if (!strcmp(c, "vmm")) {
+        } else if (!strcmp(c, "vmm") || !strcmp(c, "vmmfd")) {
             size_t n = num(ARG());
             CUmemAllocationProp prop;
             memset(&prop, 0, sizeof prop);
             prop.type = 1; /* PINNED */
             prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
             prop.location.id = cur_dev;
+            if (c[3] == 'f')
+                prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
             char pad[64] = {0}; /* room for allocFlags of newer headers */
             (void)pad;
             NEEDF(cuMemCreate);
@@ -319,6 +322,12 @@ int main(int argc, char **argv)
                 vh[nvh] = h;
                 vsz[nvh++] = n;
             }
+        } else if (!strcmp(c, "vexport")) {
+            int k = idx_arg(ARG(), nvh);
+            NEEDF(cuMemExportToShareableHandle);
+            int fd = -1;
+            CUresult rc = A.cuMemExportToShareableHandle(&fd, vh[k], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            printf("vexport idx=%d rc=%d\n", k, rc);
         } else if (!strcmp(c, "vmap")) {
             int k = idx_arg(ARG(), nvh);
             NEEDF(cuMemAddressReserve);
