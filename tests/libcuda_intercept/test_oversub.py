@@ -117,6 +117,7 @@ def test_each_path_holds_the_slice_and_the_neighbour_keeps_its_share(node16: Nod
             assert resident(node, pb) == SHARE and resident(node, pa) == SHARE
             assert b.usage() == (SHARE, SLICE - SHARE)
             assert node.used() == 2 * SHARE  # the GPU, all 16 GiB of it, shared out exactly
+            assert node.high()["used"] == 2 * SHARE  # (and its running total is what the processes hold)
         finally:
             finish(pb)
     finally:

@@ -49,25 +49,38 @@ static uint64_t move_in(int dev, uint64_t want, int dup)
     p->mem_managed_dev += take;
     if (!dup)
         p->mem_managed_host -= take <= p->mem_managed_host ? take : p->mem_managed_host;
+    if (take) {
+        st->ds[dev].used_total += take; /* the device's running total (fg_state.h) */
+        fg_note_high(st, dev);
+    }
     fg_unlock();
     return take;
 }
 
+/* n bytes of device-resident managed memory leave the device (the caller holds the lock) */
+static uint64_t leave_locked(int dev, uint64_t n)
+{
+    struct fg_state *st = fg_g.st;
+    struct fg_pdev *p = &st->slots[fg_g.slot].dev[dev];
+    n = n <= p->mem_managed_dev ? n : p->mem_managed_dev;
+    p->mem_managed_dev -= n;
+    uint64_t *t = &st->ds[dev].used_total;
+    *t = *t >= n ? *t - n : 0;
+    return n;
+}
+
 static void move_out(int dev, uint64_t n)
 {
-    struct fg_pdev *p = &fg_g.st->slots[fg_g.slot].dev[dev];
     fg_lock();
-    p->mem_managed_dev -= n <= p->mem_managed_dev ? n : p->mem_managed_dev;
-    p->mem_managed_host += n;
+    fg_g.st->slots[fg_g.slot].dev[dev].mem_managed_host += leave_locked(dev, n);
     fg_unlock();
 }
 
 /* read-only device copies of read-mostly memory go away (the host copy stays) */
 static void drop_copies(int dev, uint64_t n)
 {
-    struct fg_pdev *p = &fg_g.st->slots[fg_g.slot].dev[dev];
     fg_lock();
-    p->mem_managed_dev -= n <= p->mem_managed_dev ? n : p->mem_managed_dev;
+    leave_locked(dev, n);
     fg_unlock();
 }
 
