@@ -218,6 +218,27 @@ def test_an_exported_host_numa_handle_stays_host_memory(node16: Node) -> None:
         finish(p)
 
 
+def test_graph_memory_stops_at_the_physical_share(node: Node) -> None:
+    """Graph memory (captured cudaMallocAsync, memory nodes) lives in the graph pool, device
+    memory: its launch is refused past the share, within the slice; the paths that can fall back
+    still do (build/intercept/paths)."""
+    a = Container(node, "a", slice_=128 * MiB, share=64 * MiB)
+    r = node.paths(
+        "init", "alloc", 40 * MiB,
+        "cap_begin", "cap_alloc", 40 * MiB, "cap_end", "inst", "launch",  # 80 MiB > the share: refused
+        "cap_begin", "cap_alloc", 20 * MiB, "cap_end", "inst", "launch",  # 60 MiB: fits
+        "alloc", 40 * MiB, "gattr", "info",  # host memory, the share full
+        env=a.env(),
+    )  # fmt: skip
+    assert r.rc == 0, r.err
+    assert [x["rc"] for x in r.all("launch")] == ["2", "0"], r.out
+    assert [x["rc"] for x in r.all("alloc")] == ["0", "0"], r.out
+    assert r.one("gattr")["reserved"] == str(20 * MiB)
+    assert a.usage() == (60 * MiB, 40 * MiB)  # (what the exited process left, until reclaimed)
+    assert r.one("info")["free"] == str(28 * MiB)
+    assert node.high()["alloc_high"] <= 64 * MiB
+
+
 def test_without_oversubscription_nothing_falls_back(node16: Node) -> None:
     node = node16
     node.limit(SHARE)  # a version-1 file: slice = share = 8 GiB
