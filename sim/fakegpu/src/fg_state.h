@@ -16,9 +16,10 @@
 #include <sys/types.h>
 
 #define FG_MAGIC 0x5550474b414546ULL /* "FAKGPU\0" little endian-ish */
-#define FG_VERSION 1u
+#define FG_VERSION 2u
 
-#define FG_MAX_DEV 8
+#define FG_MAX_GPU 8  /* GPUs of the configuration */
+#define FG_MAX_DEV 16 /* simulation units: the GPUs, then MIG devices (fg_mig.h) at indices >= ndev */
 #define FG_MAX_SLOTS 64
 #define FG_MAX_STREAMS 16 /* per process per device; 0 = legacy default, 1 = per-thread default */
 #define FG_QENT 16        /* run-length entries per stream queue */
@@ -47,6 +48,8 @@ struct fg_devcfg {
     uint32_t sm_count;
     uint32_t cc_major, cc_minor;
     uint32_t minor_number;
+    uint32_t mig_table; /* MIG profile table (fg_mig.c) + 1; 0: no table (MIG reads disabled); FG_MIG_INCAPABLE */
+    uint32_t mig_mode;  /* MIG mode at state creation */
 };
 
 struct fg_period {
@@ -98,6 +101,7 @@ struct fg_xid {
     uint64_t seq;
     uint64_t xid;
     uint64_t time_ns;
+    uint32_t gi, ci; /* the MIG instance it is attributed to, 0xFFFFFFFF: none (the whole GPU) */
 };
 
 struct fg_devstate {
@@ -128,11 +132,48 @@ struct fg_header {
     uint32_t pad;
 };
 
+/* MIG (fg_mig.h): per GPU its mode, GPU instances and their compute instances; per unit its place. */
+#define FG_MIG_MAX_GI 8 /* at most 7 on every product */
+#define FG_MIG_MAX_CI 8
+#define FG_NO_INSTANCE 0xFFFFFFFFu
+#define FG_MIG_INCAPABLE 255u /* mig_profiles = none: nvmlDeviceGetMigMode is NOT_SUPPORTED */
+
+struct fg_mig_ci {
+    uint32_t used;
+    uint32_t id;      /* compute instance ID, unique in its GI */
+    uint32_t profile; /* NVML_COMPUTE_INSTANCE_PROFILE_* (== the CI profile ID) */
+    uint32_t start, size; /* placement in the GI's SM slices */
+    int32_t unit;     /* state index of the MIG device */
+};
+
+struct fg_mig_gi {
+    uint32_t used;
+    uint32_t id;         /* GPU instance ID, unique on the GPU */
+    uint32_t profile_id; /* GI profile ID (19 = 1g, ...) */
+    uint32_t start, size; /* placement: memory slices */
+    uint32_t pad;
+    struct fg_mig_ci ci[FG_MIG_MAX_CI];
+};
+
+struct fg_mig {
+    uint32_t mode, pending; /* NVML_DEVICE_MIG_DISABLE 0 / ENABLE 1 */
+    uint64_t serial;        /* compute instances ever created: makes every MIG UUID new */
+    struct fg_mig_gi gi[FG_MIG_MAX_GI];
+};
+
+struct fg_unit {
+    int32_t parent; /* GPU index of a MIG device, -1: a GPU or unused */
+    uint32_t gi, ci;
+    uint32_t pad;
+};
+
 struct fg_state {
     struct fg_header h;
     struct fg_devcfg cfg[FG_MAX_DEV];
     struct fg_devstate ds[FG_MAX_DEV];
     struct fg_slot slots[FG_MAX_SLOTS];
+    struct fg_mig mig[FG_MAX_GPU];
+    struct fg_unit unit[FG_MAX_DEV];
 };
 
 /* Whole-node configuration (parsed from FAKEGPU_CONFIG). */
@@ -144,7 +185,7 @@ struct fg_config {
     uint64_t util_window_ns;
     char driver_version[32];
     int32_t cuda_version;
-    struct fg_devcfg dev[FG_MAX_DEV];
+    struct fg_devcfg dev[FG_MAX_GPU];
 };
 
 /* fg_config.c */
@@ -194,7 +235,8 @@ void fg_reap(void);
 void fg_reap_in(struct fg_state *st);
 int fg_slot_alive(int slot);
 uint64_t fg_now(void); /* CLOCK_MONOTONIC ns */
-uint64_t fg_dev_used(const struct fg_state *st, int dev);
+uint64_t fg_dev_used(const struct fg_state *st, int dev); /* a MIG device: its GPU instance's */
+int fg_unit_live(const struct fg_state *st, int dev);       /* a GPU or an existing MIG device */
 uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev);
 void fg_release_slot(struct fg_state *st, int slot);
 void fg_atfork_child(void);
@@ -230,8 +272,11 @@ uint64_t fg_sim_pending_ns(const struct fg_state *st, int slot, int dev, int str
 uint32_t fg_sim_pending(const struct fg_state *st, int slot, int dev, int stream);
 int64_t fg_ts_us(const struct fg_state *st, uint64_t mono_ns);
 
-/* fg_visible.c: FAKEGPU_VISIBLE_DEVICES -> state indices; returns the count. */
+/* fg_visible.c: FAKEGPU_VISIBLE_DEVICES -> state indices of GPUs; returns the count.  A MIG UUID
+ * makes its parent GPU visible. */
 int fg_visible_map(const struct fg_state *st, int map[FG_MAX_DEV]);
+/* Whether this process may use MIG device `unit` (its GI and CI capabilities, fg_visible.c). */
+int fg_mig_visible(const struct fg_state *st, int unit);
 const char *fg_env(const char *name); /* getenv, else the driver file (fg_visible.c) */
 
 /* fg_pid.c: pid namespaces. */
