@@ -63,6 +63,9 @@ class DevicePluginConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
         "nvidia.com/gpu"
     )
     cdi_annotation_prefix: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9.-]*/$")] = "cdi.k8s.io/"
+    # GPUs in MIG mode (device_plugin/mig.py, docs/operators/mig.md): NVIDIA's --mig-strategy none,
+    # single, mixed, or vgpu (each MIG device split into K vGPUs like a GPU).
+    mig_strategy: Literal["none", "single", "mixed", "vgpu"] = "none"
 
 
 class MonitorConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
