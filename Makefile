@@ -16,7 +16,7 @@ PYTEST_ARGS ?= --durations=40
 # Every fragment appends its outputs to ALL_TARGETS.
 ALL_TARGETS :=
 
-.PHONY: all venv test test-cluster lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler bench-dra deb rpm test-asan
+.PHONY: all venv test test-frameworks test-cluster lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler bench-dra deb rpm test-asan
 
 all: build-all
 
@@ -39,6 +39,18 @@ $(VENV)/.stamp: pyproject.toml
 # --- tests --------------------------------------------------------------------
 test: host-deps-test venv build-all
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# PyTorch with CUDA (and CuPy for CUDA 13) on the simulated GPU against a slice (tests/frameworks;
+# `make test` skips it): torch from PyPI (several GB) in a venv of its own.  On this kind of machine pip takes
+# torch==$(TORCH_VERSION) from local disk for Python 3.11.
+FRAMEWORKS_VENV ?= .venv-frameworks
+TORCH_VERSION ?= 2.14.1
+test-frameworks: host-deps-test venv build-all
+	test -x $(FRAMEWORKS_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORKS_VENV)
+	$(FRAMEWORKS_VENV)/bin/python -c 'import torch, cupy, sys; sys.exit(torch.__version__.split("+")[0] != "$(TORCH_VERSION)")' \
+	    2>/dev/null || $(FRAMEWORKS_VENV)/bin/python -m pip install -q torch==$(TORCH_VERSION) 'cupy-cuda13x>=14,<15'
+	VGPU_TEST_FRAMEWORKS=1 VGPU_FRAMEWORKS_PYTHON=$(FRAMEWORKS_VENV)/bin/python \
+	    $(PY) -m pytest tests/frameworks tests/gpu/test_frameworks_gpu.py $(PYTEST_ARGS)
 
 # The acceptance suite against the cluster $KUBECONFIG names (tests/cluster; `make test` never
 # runs it). VGPU_TEST_* variables: docs/operators/install.md, "Acceptance suite".

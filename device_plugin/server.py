@@ -15,6 +15,7 @@ from device_plugin import allocator, decision
 from device_plugin import strategy as device_strategy
 from device_plugin.api import deviceplugin_pb2 as pb
 from device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from device_plugin.decisionpolicy import DecisionError
 from nodecore import records
 from nodecore.cli import socket_identity
 from nodecore.devices import DeviceTable
@@ -109,7 +110,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             except allocator.AllocationError as e:
                 log.warning(kv("allocate refused", devices=",".join(d[:80] for d in ids[:16]), reason=e))
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            except decision.DecisionError as e:
+            except DecisionError as e:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
             except decision.ApiUnavailable as e:
                 log.error(kv("allocate refused", reason=e))

@@ -1,38 +1,40 @@
 """The monitor's main loop: observe, map, control, actuate, backstop, report, clean up.
 
-One thread does everything (the metrics HTTP server reads an immutable
-snapshot from its own thread).  The loop sleeps until the next event: an
-observation every `period_ms`, or an actuation edge of a GPU's duty cycle
-(see monitor/controller.py), so suspensions start and end on time without
-a fast polling loop.
+One thread does everything but NVML calls (monitor/nvmlworker.py: they can hang) and writing
+the status file (monitor/status.py: a stalled filesystem must not delay a resume); the metrics
+HTTP server reads an immutable snapshot from its own thread.  The loop sleeps until the next
+event: an observation every `period_ms`, or an actuation edge of a GPU's duty cycle (see
+monitor/controller.py), so suspensions start and end on time without a fast polling loop.
+Region slots get NVML's extra bytes from monitor/extrabytes.py.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import random
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from monitor import procs
 from monitor.backstop import Backstop
 from monitor.cleanup import Collector
-from monitor.containers import Container, Registry, init_alive
+from monitor.containers import Container, Registry
 from monitor.controller import ControlParams, GpuController, MemberInput
+from monitor.extrabytes import ExtraBytes
+from monitor.gpustate import GpuState
 from monitor.mapping import Mapper
 from monitor.measure import UtilWindow
+from monitor.nvmlworker import NvmlWorker
 from monitor.observe import GpuObs, NvmlSource
 from monitor.procs import ProcKey
+from monitor.status import StatusWriter, build_snapshot, write_status_file
 from monitor.suspend import Suspender
 from vgpu.config import MonitorConfig
 from vgpu.log import kv
 from vgpu.paths import Paths
-from vgpu.region import write_extra_bytes
 
 log = logging.getLogger("vgpu.monitor")
 
@@ -42,7 +44,6 @@ EDGE_GRID_S = 0.004
 SCAN_INTERVAL_S = 1.0
 REGION_INTERVAL_S = 1.0
 STATUS_INTERVAL_S = 1.0
-EXTRA_WRITE_THRESHOLD = 1 << 20
 NVML_HANG_S = 2.0
 BACKSTOP_INTERVAL_S = 0.5
 STALE_HOLD_S = 1.0
@@ -52,153 +53,6 @@ STALE_HOLD_S = 1.0
 # to Prometheus's increase()/rate(), which need a previous sample.  (`nvml_call`, the NVML reader's
 # own count, is added by monitor/metrics.py.)
 ERROR_KINDS = ("actuate", "gc", "loop", "nvml", "nvml_hang", "region_write", "status")
-
-
-def write_status_file(path: str, snap: dict[str, Any], errors: Counter[str]) -> None:
-    import msgspec
-
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, msgspec.json.encode(snap))
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except OSError as e:
-        errors["status"] += 1
-        log.warning(kv("cannot write status", path=path, error=e))
-
-
-def name_thread(name: str) -> None:
-    """Name the calling OS thread (visible in top -H, /proc/<pid>/task/<tid>/comm)."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
-
-
-class StatusWriter:
-    """Writes the newest submitted snapshot to the status file, on a thread of its own."""
-
-    def __init__(self, path: str, errors: Counter[str]) -> None:
-        self.path = path
-        self.errors = errors
-        self._pending: dict[str, Any] | None = None
-        self._cv = threading.Condition()
-        self._closing = False
-        self._thread: threading.Thread | None = None
-
-    def submit(self, snap: dict[str, Any]) -> None:
-        with self._cv:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="status", daemon=True)
-                self._thread.start()
-            self._pending = snap
-            self._cv.notify()
-
-    def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _loop(self) -> None:
-        name_thread("vgpu-status")
-        while True:
-            with self._cv:
-                while self._pending is None and not self._closing:
-                    self._cv.wait()
-                if self._closing or self._pending is None:
-                    return
-                snap, self._pending = self._pending, None
-            write_status_file(self.path, snap, self.errors)
-
-
-class NvmlWorker:
-    """Runs `source.observe()` on a thread of its own, one call at a time.
-
-    NVML calls can hang (a GPU falling off the bus, a driver in trouble, or any
-    lock another process holds — including a process we stopped).  The main loop
-    never waits on NVML: it keeps resuming processes on time, and after
-    NVML_HANG_S without an answer it resumes everything."""
-
-    def __init__(self, source: Any) -> None:
-        self.source = source
-        self.busy = False
-        self.since = 0.0
-        self._req = threading.Event()
-        self._done = threading.Event()
-        self._result: tuple[Any, float] | None = None
-        self._closing = False
-        self._thread = threading.Thread(target=self._loop, name="nvml", daemon=True)
-
-    def start(self) -> None:
-        if not self._thread.is_alive():
-            self._thread.start()
-
-    def request(self) -> None:
-        self.busy = True
-        self.since = time.monotonic()
-        self._req.set()
-
-    def wait(self, timeout: float) -> None:
-        """Sleep until `timeout` passes or an observation is done."""
-        self._done.wait(timeout)
-
-    def take(self) -> tuple[Any, float] | None:
-        if not self._done.is_set():
-            return None
-        self._done.clear()
-        r, self._result = self._result, None
-        if r is None:  # woken by stop(), not by a result
-            return None
-        self.busy = False
-        return r
-
-    def wake(self) -> None:
-        self._done.set()
-
-    def close(self) -> None:
-        self._closing = True
-        self._req.set()
-
-    def _loop(self) -> None:
-        name_thread("vgpu-nvml")
-        while True:
-            self._req.wait()
-            self._req.clear()
-            if self._closing:
-                return
-            t0 = time.perf_counter()
-            try:
-                result: Any = self.source.observe()
-            except Exception as e:  # handed to the main loop, which counts and logs it
-                result = e
-            self._result = (result, time.perf_counter() - t0)
-            self._done.set()
-
-
-@dataclass
-class GpuState:
-    uuid: str
-    index: int
-    ctl: GpuController
-    window: UtilWindow
-    name: str = ""
-    up: bool = False
-    error: str = ""
-    obs: GpuObs | None = None
-    members: dict[str, dict[ProcKey, int]] = field(default_factory=dict)  # container -> key -> bytes
-    pid_cid: dict[int, str] = field(default_factory=dict)
-    use: dict[str, float] = field(default_factory=dict)  # as of the last control step / snapshot
-    cycle_start: float = 0.0
-    cycle_len: float = 0.5
-    duty: dict[str, float] = field(default_factory=dict)
-    stale_since: float | None = None
-    restart: bool = False  # start a new cycle (and control step) now: a container began using the GPU
 
 
 class Monitor:
@@ -234,8 +88,7 @@ class Monitor:
         self.loop_hist: Any = None  # set by metrics
         self.snapshot: dict[str, Any] = {}
         self.metrics_port = 0
-        self.extra_written: dict[tuple[str, int, int, int, int], int] = {}
-        self.nspid_cache: dict[ProcKey, list[int]] = {}
+        self.extra = ExtraBytes()
         self.gc_interval = max(0.5, min(5.0, cfg.gc_grace_s / 2 if cfg.gc_grace_s > 0 else 0.5))
         self._next = {"observe": 0.0, "scan": 0.0, "region": 0.0, "status": 0.0, "gc": 0.0, "backstop": 0.0}
         self.stopping = threading.Event()
@@ -250,7 +103,7 @@ class Monitor:
         if n:
             log.warning(kv("resumed processes left suspended by a previous monitor", resumed=n))
         # metrics from the first scrape on (error kinds at 0, the guardian state), before the first loop
-        self.snapshot = self.build_snapshot(time.monotonic())
+        self.snapshot = build_snapshot(self, time.monotonic())
 
     def close(self) -> None:
         self.suspender.close()
@@ -336,59 +189,11 @@ class Monitor:
         if backstop:
             nx["backstop"] = now + BACKSTOP_INTERVAL_S
         for obs in observations:
-            g = self.gpus.get(obs.uuid)
-            if g is None:
-                g = self.gpus[obs.uuid] = GpuState(
-                    uuid=obs.uuid,
-                    index=obs.index,
-                    ctl=GpuController(self.params),
-                    window=UtilWindow(self.cfg.window_s),
-                    cycle_start=now,
-                    cycle_len=self.duty_period,
-                )
-            g.index, g.name, g.obs = obs.index, obs.name, obs
-            if not obs.up:
-                if g.up or not g.error:
-                    log.warning(kv("GPU unavailable; resuming its containers", gpu=obs.uuid, error=obs.error))
-                    self.errors["nvml"] += 1
-                g.up, g.error = False, obs.error or "down"
-                g.members, g.use, g.duty, g.pid_cid = {}, {}, {}, {}
-                g.ctl = GpuController(self.params)
-                g.window = UtilWindow(self.cfg.window_s)
-                continue
-            if not g.up and g.error:
-                log.warning(kv("GPU back", gpu=obs.uuid))
-            g.up, g.error = True, ""
-            g.window.add(obs.samples, now)
-            members: dict[str, dict[ProcKey, int]] = {}
-            pid_cid: dict[int, str] = {}
-            for pid, used in obs.procs.items():
-                k = self.mapper.key(pid)
-                if k is None:
-                    continue
-                live.add(k)
-                cid = self.mapper.resolve(k, self.containers)
-                if cid is not None:
-                    members.setdefault(cid, {})[k] = used
-                    pid_cid[pid] = cid
-            g.members = members
-            g.pid_cid = pid_cid
-            g.window.retain(set(obs.procs))
-            for pid, cid in pid_cid.items():
-                if cid not in g.duty and g.window.samples.get(pid):
-                    owner = self.containers.get(cid)
-                    if owner is not None and owner.share(g.uuid) is not None:
-                        g.restart = True  # a newcomer with measured use: react now, not at the end of the cycle
-            if backstop:
-                for cid, keys in members.items():
-                    owner = self.containers.get(cid)
-                    if owner is not None:
-                        self.backstop.check(cid, g.uuid, sum(keys.values()), owner.memory_limit(g.uuid), keys, now)
+            self._observe_gpu(self._gpu(obs, now), obs, now, live, backstop)
         self.mapper.forget_except(live)
-        if len(self.nspid_cache) > 2 * len(live) + 64:
-            self.nspid_cache = {k: v for k, v in self.nspid_cache.items() if k in live}
+        self.extra.forget_except(live)
         if read_regions:
-            self.update_extra_bytes()
+            self.extra.update(self.gpus.values(), self.containers.values(), self.errors)
         if now >= nx["gc"]:
             self.collect_garbage(now)
             nx["gc"] = now + self.gc_interval
@@ -396,14 +201,65 @@ class Monitor:
             self.write_status(now)
             nx["status"] = now + STATUS_INTERVAL_S
 
-    # -- control and actuation ---------------------------------------------
-    def _update_use(self, g: GpuState, now: float) -> None:
-        """Containers' use over the window (computed when needed: control steps, snapshots)."""
-        use: dict[str, float] = {}
-        for pid, cid in g.pid_cid.items():
-            use[cid] = use.get(cid, 0.0) + g.window.use(pid, now)
-        g.use = {cid: min(100.0, u) for cid, u in use.items()}
+    def _gpu(self, obs: GpuObs, now: float) -> GpuState:
+        g = self.gpus.get(obs.uuid)
+        if g is None:
+            g = self.gpus[obs.uuid] = GpuState(
+                uuid=obs.uuid,
+                index=obs.index,
+                ctl=GpuController(self.params),
+                window=UtilWindow(self.cfg.window_s),
+                cycle_start=now,
+                cycle_len=self.duty_period,
+            )
+        return g
 
+    def _observe_gpu(self, g: GpuState, obs: GpuObs, now: float, live: set[ProcKey], backstop: bool) -> None:
+        """One GPU's observation: its samples, which container each process belongs to (the
+        processes found added to `live`), the memory backstop when due."""
+        g.index, g.name, g.obs = obs.index, obs.name, obs
+        if not obs.up:
+            if g.up or not g.error:
+                log.warning(kv("GPU unavailable; resuming its containers", gpu=obs.uuid, error=obs.error))
+                self.errors["nvml"] += 1
+            g.up, g.error = False, obs.error or "down"
+            g.members, g.use, g.duty, g.pid_cid = {}, {}, {}, {}
+            g.ctl = GpuController(self.params)
+            g.window = UtilWindow(self.cfg.window_s)
+            return
+        if not g.up and g.error:
+            log.warning(kv("GPU back", gpu=obs.uuid))
+        g.up, g.error = True, ""
+        g.window.add(obs.samples, now)
+        g.members, g.pid_cid = self._members(obs, live)
+        g.window.retain(set(obs.procs))
+        for pid, cid in g.pid_cid.items():
+            if cid not in g.duty and g.window.samples.get(pid):
+                owner = self.containers.get(cid)
+                if owner is not None and owner.share(g.uuid) is not None:
+                    g.restart = True  # a newcomer with measured use: react now, not at the end of the cycle
+        if backstop:
+            for cid, keys in g.members.items():
+                owner = self.containers.get(cid)
+                if owner is not None:
+                    self.backstop.check(cid, g.uuid, sum(keys.values()), owner.memory_limit(g.uuid), keys, now)
+
+    def _members(self, obs: GpuObs, live: set[ProcKey]) -> tuple[dict[str, dict[ProcKey, int]], dict[int, str]]:
+        """({container: {process: bytes}}, {pid: container}) of the processes NVML lists."""
+        members: dict[str, dict[ProcKey, int]] = {}
+        pid_cid: dict[int, str] = {}
+        for pid, used in obs.procs.items():
+            k = self.mapper.key(pid)
+            if k is None:
+                continue
+            live.add(k)
+            cid = self.mapper.resolve(k, self.containers)
+            if cid is not None:
+                members.setdefault(cid, {})[k] = used
+                pid_cid[pid] = cid
+        return members, pid_cid
+
+    # -- control and actuation ---------------------------------------------
     def _control(self, g: GpuState, now: float) -> None:
         if g.window.stale(now) and g.duty:
             # No fresh samples: NVML stalled for a moment, or the GPU went idle.  Hold the
@@ -417,7 +273,7 @@ class Monitor:
                 return
         else:
             g.stale_since = None
-        self._update_use(g, now)
+        g.update_use(now)
         members: dict[str, MemberInput] = {}
         full = g.window.full(now)
         for cid in g.members:
@@ -480,67 +336,6 @@ class Monitor:
                     t = min(t, off_at)
         return t
 
-    # -- region extra bytes ------------------------------------------------
-    def update_extra_bytes(self) -> None:
-        """Write into each slot the bytes NVML sees for its process beyond what the library charged."""
-        by_uuid = {g.uuid: g for g in self.gpus.values() if g.up}
-        for c in self.containers.values():
-            snap = c.region
-            if snap is None:
-                continue
-            keys: dict[ProcKey, dict[str, int]] = {}
-            for g in by_uuid.values():
-                for k, used in g.members.get(c.id, {}).items():
-                    keys.setdefault(k, {})[g.uuid] = used
-            if not keys:
-                continue
-            # A claim's region is shared by processes of several pid namespaces (its pods): a
-            # slot's namespace pid may name several of them; the start time tells them apart, and
-            # a slot that still names more than one is left alone.
-            inner: dict[int, list[ProcKey]] = {}
-            for k in keys:
-                ns = self.nspid_cache.get(k)
-                if ns is None:  # a process's pid namespaces never change: read /proc/<pid>/status once
-                    ns = self.nspid_cache[k] = procs.nspids(k.pid) or []
-                if ns:
-                    inner.setdefault(ns[-1], []).append(k)
-            writes: dict[tuple[int, int], int] = {}
-            tags: list[tuple[str, int, int, int, int]] = []
-            for s in snap.slots:
-                k2: ProcKey | None = None
-                if s.host_pid > 0:
-                    cand = [k for k in keys if k.pid == s.host_pid]
-                else:
-                    cand = inner.get(s.pid, [])
-                if s.start_time:
-                    cand = [k for k in cand if k.start_time == s.start_time]
-                if len(cand) != 1:
-                    continue
-                k2 = cand[0]
-                for j, dev in enumerate(snap.devices):
-                    seen = keys[k2].get(dev.uuid)
-                    if seen is None:
-                        continue
-                    extra = max(0, seen - s.device_bytes[j])
-                    tag = (c.id, s.index, j, k2.pid, k2.start_time)
-                    last = self.extra_written.get(tag, s.extra_bytes[j])
-                    if abs(extra - last) >= EXTRA_WRITE_THRESHOLD or (extra == 0 and last != 0):
-                        writes[(s.index, j)] = extra
-                        self.extra_written[tag] = extra
-                        tags.append(tag)
-            if writes:
-                try:
-                    ok = write_extra_bytes(c.region_path, writes)
-                except (OSError, ValueError) as e:
-                    ok = False
-                    self.errors["region_write"] += 1
-                    log.warning(kv("cannot write extra bytes", container=c.id, error=e))
-                if not ok:  # lock busy or error: try again next round
-                    for tag in tags:
-                        self.extra_written.pop(tag, None)
-        if len(self.extra_written) > 100_000:
-            self.extra_written.clear()
-
     # -- garbage collection --------------------------------------------------
     def collect_garbage(self, now: float) -> None:
         with_procs = {cid for g in self.gpus.values() for cid in g.members}
@@ -557,103 +352,12 @@ class Monitor:
                     self.errors["gc"] += 1
 
     # -- status ------------------------------------------------------------
-    def build_snapshot(self, now: float, running: bool = True) -> dict[str, Any]:
-        gpus = []
-        for g in sorted(self.gpus.values(), key=lambda x: x.index):
-            if g.up:
-                self._update_use(g, now)
-            o = g.obs
-            rows = []
-            for cid, keys in sorted(g.members.items()):
-                c = self.containers.get(cid)
-                if c is None:
-                    continue
-                acts = self.backstop.actions.get(cid, Counter())
-                rows.append(
-                    {
-                        **c.labels(),
-                        "pids": sorted(k.pid for k in keys),
-                        "memory_used": sum(keys.values()),
-                        "memory_limit": c.memory_limit(g.uuid),
-                        "sm_use": round(g.use.get(cid, 0.0), 2),
-                        "share": c.share(g.uuid),
-                        "effective_share": g.ctl.targets.get(cid),
-                        "duty": round(g.duty.get(cid, 1.0), 4),
-                        "suspended": any(k in self.suspender.stopped for k in keys),
-                        "backstop_actions": dict(acts),
-                    }
-                )
-            # Containers allocated on this GPU with no process on it (not started yet, between
-            # jobs, or done): their series stay, used 0, for as long as the allocation exists.
-            allocated = []
-            for c in sorted(self.containers.values(), key=lambda x: x.id):
-                if c.id in g.members or c.memory_limit(g.uuid) is None:
-                    continue
-                allocated.append(
-                    {
-                        **c.labels(),
-                        "memory_limit": c.memory_limit(g.uuid),
-                        "share": c.share(g.uuid),
-                    }
-                )
-            gpus.append(
-                {
-                    "index": g.index,
-                    "uuid": g.uuid,
-                    "name": g.name,
-                    "up": g.up,
-                    "error": g.error,
-                    "memory_total": o.memory_total if o else 0,
-                    "memory_used": o.memory_used if o and g.up else 0,
-                    "util": o.util if o and g.up else 0,
-                    "parent": o.parent if o else "",
-                    "compute_enforced": o.compute_enforced if o else True,
-                    "containers": rows,
-                    "allocated": allocated,
-                }
-            )
-        containers = []
-        for c in sorted(self.containers.values(), key=lambda x: x.id):
-            st = self.suspender.stats.get(c.id)
-            containers.append(
-                {
-                    **c.labels(),
-                    "kind": c.kind,
-                    "gpus": sorted(c.limits),
-                    "init_alive": init_alive(c),
-                    "region_error": c.region_error,
-                    "region_corrupt_total": c.region_corrupt_total,
-                    "suspended": self.suspender.is_suspended(c.id),
-                    "suspended_seconds": round(self.suspender.suspended_seconds(c.id, now), 3),
-                    "suspensions": st.suspensions if st else 0,
-                    "longest_stop_s": round(st.longest_stop_s, 3) if st else 0.0,
-                    "backstop_actions": dict(self.backstop.actions.get(c.id, Counter())),
-                }
-            )
-        return {
-            "version": 1,
-            "running": running,
-            "time": time.time(),
-            "pid": os.getpid(),
-            "policy": self.cfg.policy,
-            "metrics_port": self.metrics_port,
-            "loop_seconds": self.loop_seconds,
-            "errors": dict(self.errors),
-            "sample_holds": self.sample_holds,
-            "nvml_errors": getattr(self.source, "errors", 0),
-            "suspended_processes": len(self.suspender.stopped),
-            "guardian_armed": self.suspender.armed,
-            "gc_removed": self.collector.removed,
-            "gpus": gpus,
-            "containers": containers,
-        }
-
     def write_status(self, now: float, running: bool = True) -> None:
         """Rebuild the snapshot (metrics read it) and hand it to the status writer.
 
         The file is written on another thread: a filesystem that stalls (journal
         contention, a slow disk) must never delay a resume in the main loop."""
-        snap = self.build_snapshot(now, running)
+        snap = build_snapshot(self, now, running)
         self.snapshot = snap
         if running:
             self.status_writer.submit(snap)

@@ -1,9 +1,9 @@
 """Host file placement: atomic writes, versioned files behind a symlink, a record of what was made.
 
 Upgrades never expose a half-written file: every file is written to a temporary name in the
-same directory, fsynced and renamed; the library and the hook tree are versioned by content
-(`libvgpu-<sha>.so`, `hook/<sha>/`) and the stable name (`libvgpu.so`, `hook/current`) is a
-symlink replaced by rename(2).  A container that already mapped the old library keeps its
+same directory, fsynced and renamed (vgpu.schemas.write_atomic); the library and the hook tree
+are versioned by content (`libvgpu-<sha>.so`, `hook/<sha>/`) and the stable name (`libvgpu.so`,
+`hook/current`) is a symlink replaced by rename(2).  A container that already mapped the old library keeps its
 inode (its bind mount holds it); the previous version stays on disk so a hook that resolved
 the old link a moment before the swap still finds its target.
 """
@@ -17,6 +17,8 @@ import shutil
 import stat
 from collections.abc import Iterable
 from pathlib import Path
+
+from vgpu.schemas import write_atomic
 
 TMP_SUFFIX = ".vgpu-node-setup.tmp"
 
@@ -50,27 +52,23 @@ class Recorder:
             self.created.append(str(d))
 
 
-def write_atomic(path: Path, data: bytes, mode: int) -> bool:
-    """Write `path` unless it already holds `data` with `mode`; True when something changed."""
+def write_if_changed(path: Path, data: bytes, mode: int) -> bool:
+    """Write `path` (vgpu.schemas.write_atomic) unless it already holds `data` with `mode`; True
+    when something changed."""
     try:
         st = path.lstat()
         if not path.is_symlink() and (st.st_mode & 0o7777) == mode and path.read_bytes() == data:
             return False
     except FileNotFoundError:
         pass
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(str(path), data, mode)
     return True
+
+
+def is_temporary(name: str) -> bool:
+    """A temporary name of ours a killed writer may leave: symlink_atomic's and the hook tree's
+    (TMP_SUFFIX), write_atomic's (`.tmp-<name>.<pid>.<thread>`)."""
+    return name.endswith(TMP_SUFFIX) or name.startswith(".tmp-")
 
 
 def symlink_atomic(path: Path, target: str) -> bool:

@@ -3,8 +3,8 @@
 prestart and poststop go straight to the hook (runtime_hook.main), before anything else is
 imported; `containerd install|uninstall|print|detect` wires the hook into containerd
 (node_setup.containerd) and `hooksd install|uninstall|print` writes OCI hooks.d entries for CRI-O
-and podman (node_setup.hooksd). Exit codes: 0 ok, 1 failed (one line on stderr), 2 usage or
-config error.
+and podman (node_setup.hooksd): the flags become their options here, the packages plan and apply.
+Exit codes: 0 ok, 1 failed (one line on stderr), 2 usage or config error.
 """
 
 from __future__ import annotations
@@ -12,10 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime_hook import main as hook
 from runtime_hook import settings
+
+if TYPE_CHECKING:
+    from node_setup.containerd.plan import Options as ContainerdOptions
+    from node_setup.hooksd.plan import Options as HooksdOptions
+    from node_setup.hookspec import HookOptions
 
 _HOOK_COMMANDS = ("prestart", "poststop")
 
@@ -77,6 +82,79 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> Any:
     return vconfig.load_config(path or vconfig.config_path_from_env(), overrides)
 
 
+def hook_options(ns: argparse.Namespace, cfg: Any) -> HookOptions:
+    """How the runtime is to start the hook: flags, else this interpreter and this installation."""
+    from node_setup.hookspec import HookOptions, hook_args
+
+    return HookOptions(
+        python=os.path.abspath(ns.python or sys.executable),
+        hook_path=ns.hook_path,
+        timeout=ns.hook_timeout,
+        filter_state_dir=None if ns.no_shell_filter else os.path.abspath(cfg.common.state_dir),
+        args=tuple(hook_args(ns.config or os.environ.get("VGPU_CONFIG"), cfg)),
+    )
+
+
+def containerd_options(ns: argparse.Namespace, cfg: Any) -> ContainerdOptions:
+    from node_setup.containerd.plan import Options
+    from node_setup.hostfiles import InstallError
+
+    major = ns.containerd_version
+    if major and major not in ("1", "2"):
+        raise InstallError(f"--containerd-version must be 1 or 2, not {major!r}")
+    return Options(
+        containerd_config=os.path.abspath(ns.containerd_config),
+        root=ns.root,
+        major=int(major) if major else None,
+        containerd_bin=ns.containerd_bin,
+        toolkit_config=ns.toolkit_config,
+        handler=ns.handler,
+        make_default=ns.default,
+        base_spec=os.path.abspath(ns.base_spec) if ns.base_spec else "",
+        base_spec_source=ns.base_spec_source,
+        conf_d=os.path.abspath(ns.conf_d) if ns.conf_d else "",
+        nvidia_runtime=ns.nvidia_runtime,
+        without_nvidia_runtime=ns.without_nvidia_runtime,
+        hook=hook_options(ns, cfg) if ns.action in ("install", "print") else None,
+    )
+
+
+def hooksd_options(ns: argparse.Namespace, cfg: Any) -> HooksdOptions:
+    from node_setup.hooksd.plan import DEFAULT_DIR, Options
+
+    return Options(hook=hook_options(ns, cfg), directory=os.path.abspath(ns.dir or DEFAULT_DIR), root=ns.root)
+
+
+def run_installer(ns: argparse.Namespace, cfg: Any) -> int:
+    """`containerd ...` or `hooksd ...`: options from the flags, the action, its output."""
+    out: list[str] | str
+    if ns.cmd == "hooksd":
+        from node_setup.hooksd import apply as hooksd
+
+        hopts = hooksd_options(ns, cfg)
+        if ns.action == "install":
+            out = hooksd.install(hopts)
+        elif ns.action == "uninstall":
+            out, warnings = hooksd.uninstall(hopts)
+            sys.stderr.writelines(w + "\n" for w in warnings)
+        else:
+            out = hooksd.show(hopts)
+    else:
+        from node_setup.containerd import apply as containerd
+
+        copts = containerd_options(ns, cfg)
+        if ns.action == "install":
+            out = containerd.install(copts)
+        elif ns.action == "uninstall":
+            out = containerd.uninstall(copts)
+        elif ns.action == "detect":
+            out = containerd.describe(copts, ns.json)
+        else:
+            out = containerd.show(copts)
+    sys.stdout.write(out if isinstance(out, str) else "".join(line + "\n" for line in out))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     cmd, opts = settings.scan_argv(args)
@@ -93,22 +171,18 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.realpath(root) == "/":
             cfg = load_config(ns.config, overrides)
         else:  # the node config is a host file too: read it under --root
-            from node_setup.nodetype import Root
+            from node_setup.nodetype.root import Root
             from vgpu import config as vconfig
 
             cfg = load_config(Root(root).fs(ns.config or vconfig.config_path_from_env()), overrides)
     except ConfigError as e:
         sys.stderr.write(f"vgpu-hook: {e}\n")
         return 2
-    from node_setup import containerd
+    from node_setup.hostfiles import InstallError
 
     try:
-        if ns.cmd == "hooksd":
-            from node_setup import hooksd
-
-            return hooksd.command(ns, cfg)
-        return containerd.command(ns, cfg)
-    except containerd.InstallError as e:
+        return run_installer(ns, cfg)
+    except InstallError as e:
         sys.stderr.write(f"vgpu-hook {ns.cmd} {ns.action}: {e}\n")
         return 1
 

@@ -1,8 +1,9 @@
 """Find the host's python3 (>= 3.9) inside a host root, without running it.
 
 The hook is started by runc on the host, so it needs an interpreter that lives on the host.
-A path is resolved inside the root (absolute symlink targets are taken relative to it, so a
-`/usr/bin/python3 -> /usr/bin/python3.11` link in /host resolves to /host/usr/bin/python3.11);
+A path is resolved inside the root (nodetype.root.resolve_in_root: absolute symlink targets are
+taken relative to it, so a `/usr/bin/python3 -> /usr/bin/python3.11` link in /host resolves to
+/host/usr/bin/python3.11);
 the version comes from the resolved name (`python3.N`), or, for an unversioned name, from
 `pythonX.Y` in `lib/` next to it.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+
+from node_setup.nodetype.root import resolve_in_root
 
 MIN_VERSION = (3, 9)
 CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
@@ -24,35 +27,6 @@ _VERSIONED = re.compile(r"^python(\d+)\.(\d+)$")
 
 class NoHostPython(Exception):
     """The host root has no usable python3: the message names the alternatives."""
-
-
-def resolve_in_root(root: str, path: str, limit: int = 40) -> str | None:
-    """The host path `path` points to, following symlinks inside `root`; None if it does not exist."""
-    parts = [p for p in path.split("/") if p]
-    done: list[str] = []
-    hops = 0
-    while parts:
-        name = parts.pop(0)
-        if name == "..":
-            if done:
-                done.pop()
-            continue
-        if name == ".":
-            continue
-        full = os.path.join(root, *done, name)
-        if os.path.islink(full):
-            hops += 1
-            if hops > limit:
-                return None
-            target = os.readlink(full)
-            if target.startswith("/"):
-                done = []
-            parts = [p for p in target.split("/") if p] + parts
-            continue
-        if not os.path.lexists(full):
-            return None
-        done.append(name)
-    return "/" + "/".join(done)
 
 
 def version_of(root: str, host_path: str) -> tuple[int, int] | None:
@@ -75,7 +49,7 @@ def version_of(root: str, host_path: str) -> tuple[int, int] | None:
 def find(root: str, explicit: str | None = None) -> tuple[str, tuple[int, int]]:
     """(host path to run, version); the path is the stable name (e.g. /usr/bin/python3), not its target."""
     for cand in (explicit,) if explicit else CANDIDATES:
-        real = resolve_in_root(root, cand)
+        real = resolve_in_root(root, cand, must_exist=True)
         if real is None or not os.access(os.path.join(root, real.lstrip("/")), os.X_OK):
             continue
         ver = version_of(root, real)

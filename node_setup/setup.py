@@ -95,7 +95,7 @@ def _load_manifest(opts: Options) -> Manifest | None:
 
 def _write_manifest(prefix: Path, man: Manifest) -> None:
     data = json.dumps(msgspec.to_builtins(man), indent=2, sort_keys=True).encode() + b"\n"
-    files.write_atomic(prefix / MANIFEST, data, 0o644)
+    files.write_if_changed(prefix / MANIFEST, data, 0o644)
 
 
 def hook_sources() -> tuple[Path, list[str]]:
@@ -249,11 +249,32 @@ def _put_library(prefix: Path, lib_data: bytes, lib_name: str, prev_lib: str | N
     """A versioned file, then the link swap (a process that mapped the old one keeps its inode);
     other versions pruned. Returns what changed."""
     changed: list[str] = []
-    if files.write_atomic(prefix / "lib" / lib_name, lib_data, 0o644):
+    if files.write_if_changed(prefix / "lib" / lib_name, lib_data, 0o644):
         changed.append(f"lib/{lib_name}")
     if files.symlink_atomic(prefix / LIBRARY_LINK, lib_name):
         changed.append(LIBRARY_LINK)
     files.prune(prefix / "lib", {lib_name, *([prev_lib] if prev_lib else [])}, "libvgpu-")
+    return changed
+
+
+def _put_hook_tree(prefix: Path, sources: list[tuple[str, bytes]], hook_name: str, prev_hook: str | None) -> list[str]:
+    """The hook's Python files: a version directory (made under a temporary name, then renamed
+    whole), then the link swap; other versions pruned. Returns what changed."""
+    changed: list[str] = []
+    hook_dir = prefix / "hook" / hook_name
+    if not hook_dir.is_dir():
+        tmp = prefix / "hook" / (hook_name + files.TMP_SUFFIX)
+        files.remove(tmp)
+        for rel, data in sources:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            files.write_if_changed(tmp / rel, data, 0o644)
+        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+            os.chmod(d, 0o755)
+        os.rename(tmp, hook_dir)
+        changed.append(f"hook/{hook_name}/")
+    if files.symlink_atomic(prefix / HOOK_LINK, hook_name):
+        changed.append(HOOK_LINK)
+    files.prune(prefix / "hook", {hook_name, "current", *([prev_hook] if prev_hook else [])}, "")
     return changed
 
 
@@ -335,23 +356,8 @@ def install(opts: Options) -> list[str]:
     _write_manifest(prefix, manifest(complete=False))
     changed = _put_library(prefix, lib_data, lib_name, prev_lib)
 
-    # The hook's Python files: a version directory, then the link swap.
-    hook_dir = prefix / "hook" / hook_name
-    if not hook_dir.is_dir():
-        tmp = prefix / "hook" / (hook_name + files.TMP_SUFFIX)
-        files.remove(tmp)
-        for rel, data in sources:
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            files.write_atomic(tmp / rel, data, 0o644)
-        for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
-            os.chmod(d, 0o755)
-        os.rename(tmp, hook_dir)
-        changed.append(f"hook/{hook_name}/")
-    if files.symlink_atomic(prefix / HOOK_LINK, hook_name):
-        changed.append(HOOK_LINK)
-    files.prune(prefix / "hook", {hook_name, "current", *([prev_hook] if prev_hook else [])}, "")
-
-    if files.write_atomic(prefix / LAUNCHER, launcher_text(python, opts.prefix).encode(), 0o755):
+    changed += _put_hook_tree(prefix, sources, hook_name, prev_hook)
+    if files.write_if_changed(prefix / LAUNCHER, launcher_text(python, opts.prefix).encode(), 0o755):
         changed.append(LAUNCHER)
 
     notes: list[str] = []
@@ -404,7 +410,7 @@ def uninstall(opts: Options) -> list[str]:
             sd = prefix / sub
             if sd.is_dir() and not sd.is_symlink():
                 for entry in sd.iterdir():
-                    if entry.name.endswith(files.TMP_SUFFIX) or _VERSIONED.get(sub, _NOTHING).fullmatch(entry.name):
+                    if files.is_temporary(entry.name) or _VERSIONED.get(sub, _NOTHING).fullmatch(entry.name):
                         files.remove(entry)
         files.remove(prefix / MANIFEST)
         for d in reversed(man.created_dirs):

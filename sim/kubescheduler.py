@@ -36,8 +36,9 @@ when it places the pod, its binding cycle:
   the best candidate (pickOneNodeForPreemption's default order), the victims deleted with a
   `Preempted by pod <uid> on node <node>` event and the pod's nominatedNodeName set;
 - the FailedScheduling message as FitError.Error() writes it ("0/N nodes are available: ..."
-  plus the PostFilter message; DynamicResources adds "no new claims to deallocate"), also set
-  as the PodScheduled=False condition;
+  plus the PostFilter message; DynamicResources adds "no new claims to deallocate"), set as the
+  PodScheduled=False condition and, truncated and run through Go's fmt.Sprintf as the format
+  (`%` starts a verb: "20%!c(MISSING)ompute"), as the FailedScheduling event's note;
 - bind: the first interested binder extender (extendersBinding; an ignorable one's error moves
   on), else the default binder (a Binding).
 
@@ -239,6 +240,108 @@ def _informer_copy(obj: Obj) -> Obj:
     in that order (struct fields: `omitempty` does not omit a struct)."""
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
     return {"metadata": meta, "spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
+
+
+# ----- events as kube-scheduler records them -----
+NOTE_LENGTH_LIMIT = 1024  # pkg/apis/core/validation/events.go NoteLengthLimit
+
+
+def truncate_message(message: str) -> str:
+    """schedule_one.go truncateMessage: at most NoteLengthLimit bytes, cut (mid-rune if it falls
+    there: Go slices bytes; the JSON encoder then writes U+FFFD) and ended with " ..."."""
+    b = message.encode()
+    if len(b) <= NOTE_LENGTH_LIMIT:
+        return message
+    return (b[: NOTE_LENGTH_LIMIT - 4] + b" ...").decode(errors="replace")
+
+
+def _parsenum(s: bytes, start: int, end: int) -> tuple[int, bool, int]:
+    """fmt/print.go parsenum: (number, whether there was one, index after it)."""
+    if start >= end:
+        return 0, False, end
+    num, isnum, i = 0, False, start
+    while i < end and 0x30 <= s[i] <= 0x39:
+        if num > 1_000_000 or num < -1_000_000:  # tooLarge: "crazy long number"
+            return 0, False, end
+        num = num * 10 + s[i] - 0x30
+        isnum = True
+        i += 1
+    return num, isnum, i
+
+
+def _arg_number(s: bytes, i: int, good: bool) -> tuple[int, bool, bool]:
+    """fmt/print.go argNumber with no operands: (index after, found, goodArgNum). Any `[n]` is
+    out of range, so it makes the verb a BADINDEX."""
+    if len(s) <= i or s[i] != 0x5B:  # '['
+        return i, False, good
+    rest = s[i:]
+    wid, ok = 1, False  # parseArgNumber
+    if len(rest) >= 3:
+        for j in range(1, len(rest)):
+            if rest[j] == 0x5D:  # ']'
+                _n, isnum, newi = _parsenum(rest, 1, j)
+                wid, ok = j + 1, isnum and newi == j
+                break
+    return i + wid, ok, False
+
+
+def go_sprintf(fmt: str) -> str:
+    """Go's fmt.Sprintf(fmt) with no operands (fmt/print.go doPrintf, go1.26), which is what
+    kube-scheduler's event recorder does to a failure message: `%%` is `%`; any other verb,
+    after flags, argument index, width and precision, has no operand: `%!<verb>(MISSING)` (flags
+    dropped), `%!<verb>(BADINDEX)` after an `[n]`, `%!(BADWIDTH)` / `%!(BADPREC)` for `*`, and
+    `%!(NOVERB)` when the text ends first. "20% compute" reads "20%!c(MISSING)ompute"."""
+    s = fmt.encode()
+    end, i = len(s), 0
+    out = bytearray()
+    while i < end:
+        last = i
+        while i < end and s[i] != 0x25:  # '%'
+            i += 1
+        out += s[last:i]
+        if i >= end:
+            break
+        i += 1
+        while i < end and s[i] in b"#0+- ":  # flags
+            i += 1
+        good = True
+        i, after_index, good = _arg_number(s, i, good)
+        if i < end and s[i] == 0x2A:  # '*' width: no operand
+            i += 1
+            out += b"%!(BADWIDTH)"
+            after_index = False
+        else:
+            _w, present, i = _parsenum(s, i, end)
+            if after_index and present:  # "%[3]2d"
+                good = False
+        if i + 1 < end and s[i] == 0x2E:  # '.' precision
+            i += 1
+            if after_index:  # "%[3].2d"
+                good = False
+            i, after_index, good = _arg_number(s, i, good)
+            if i < end and s[i] == 0x2A:
+                i += 1
+                out += b"%!(BADPREC)"
+                after_index = False
+            else:
+                _p, _present, i = _parsenum(s, i, end)
+        if not after_index:
+            i, after_index, good = _arg_number(s, i, good)
+        if i >= end:
+            out += b"%!(NOVERB)"
+            break
+        size = 1  # utf8.DecodeRuneInString
+        while size < 4 and i + size < end and (s[i + size] & 0xC0) == 0x80 and s[i] >= 0xC0:
+            size += 1
+        verb = s[i : i + size]
+        i += size
+        if verb == b"%":
+            out += b"%"
+        elif not good:
+            out += b"%!" + verb + b"(BADINDEX)"
+        else:
+            out += b"%!" + verb + b"(MISSING)"
+    return out.decode(errors="replace")
 
 
 class KubeScheduler:
@@ -570,7 +673,14 @@ class KubeScheduler:
         return res
 
     def _failed(self, pod: Obj, message: str) -> None:
-        self._event(pod, "FailedScheduling", message)
+        """schedule_one.go handleSchedulingFailure: the event's note is the message, truncated,
+        used as the *format* of `Eventf(pod, nil, Warning, "FailedScheduling", "Scheduling", msg)`
+        (client-go tools/events/event_recorder.go eventf: `fmt.Sprintf(note, args...)`); the
+        PodScheduled condition gets the message as it is. An events.k8s.io/v1 Event whose note
+        is longer than NoteLengthLimit fails validation (ValidateEventCreate): no event then."""
+        note = go_sprintf(truncate_message(message))
+        if len(note.encode()) <= NOTE_LENGTH_LIMIT:
+            self._event(pod, "FailedScheduling", note)
         cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         self._patch_status(pod, {"conditions": [cond]})
 

@@ -91,6 +91,18 @@ def any_node(request: pytest.FixtureRequest, tmp_path: Path, hook_lib: Path) -> 
     yield hook.Node(tmp_path, hook_lib, shell=request.param == "shell-filter")
 
 
+@pytest.fixture
+def podman(tmp_path: Path) -> Iterator[object]:
+    """podman with this test's own state and CDI directories (tests/support/podman.py)."""
+    from tests.support.podman import Podman
+
+    p = Podman(tmp_path / "podman")
+    try:
+        yield p
+    finally:
+        p.close()
+
+
 @pytest.fixture(scope="session")
 def image() -> dict[str, Any]:
     """`make image`'s output (built once per session; cached by content hash across sessions)."""

@@ -34,6 +34,12 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     default_gpucores: Annotated[int, msgspec.Meta(ge=-1, le=100)] = -1
     # The webhook adds nvidia.com/gpu: this many when only gpumem/gpumem-percentage/gpucores is given.
     default_gpu_count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    # The webhook refuses a pod whose size no GPU or node of the cluster has today (more MiB or
+    # compute per GPU than any GPU offers, more GPUs than any node). Off (the default): the pod is
+    # admitted and stays Pending with the extender's reason, so that an autoscaler
+    # (cluster-autoscaler, Karpenter: they add nodes for Pending pods only) can bring a node
+    # that holds it; the preempt verb keeps it from evicting anyone (docs/scheduler.md, "Webhook").
+    refuse_oversized: bool = False
     resource_name: str = RESOURCE_GPU
     stale_after_s: PositiveFloat = DEFAULT_STALE_AFTER_S
     node_label_selector: str = ""  # only these Nodes are considered (label selector syntax)

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from vgpu import scheduling as sc
-from vgpu_scheduler import fit, requests, snapshot
+from vgpu_scheduler import fit, requests, snapshot, victims
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.kube import APIFailure, Conflict, Kube, NotFound
 from vgpu_scheduler.state import ClusterState
@@ -69,12 +69,35 @@ class NameSet:
         return isinstance(name, str) and b'"' + name.encode() + b'"' in self.raw
 
 
+def readable(text: str) -> str:
+    """A reason as kube-scheduler's event will show it. kube-scheduler passes the whole failure
+    message (an extender's FailedNodes reasons, its Error, a bind Error) as the *format* of the
+    FailedScheduling event (pkg/scheduler/schedule_one.go handleSchedulingFailure:
+    `Eventf(pod, nil, Warning, "FailedScheduling", "Scheduling", msg)`, no arguments;
+    client-go tools/events/event_recorder.go eventf: `fmt.Sprintf(note, args...)`), so a `%`
+    starts a Go verb: "20% compute" would read "20%!c(MISSING)ompute". Our own reasons say
+    "percent"; a `%` from elsewhere (a user's value, a URL in an API error) becomes the fullwidth
+    percent sign, which reads the same in the event and in the PodScheduled condition."""
+    return text.replace("%", "\uff05") if "%" in text else text
+
+
+def _readable_all(d: dict[str, str] | None) -> dict[str, str] | None:
+    if not d or not any("%" in v for v in d.values()):
+        return d
+    return {k: readable(v) for k, v in d.items()}
+
+
 class ExtenderFilterResult(msgspec.Struct):
     Nodes: Obj | None = None
     NodeNames: list[str] | None = None
     FailedNodes: dict[str, str] | None = None
     FailedAndUnresolvableNodes: dict[str, str] | None = None
     Error: str = ""
+
+    def __post_init__(self) -> None:
+        self.FailedNodes = _readable_all(self.FailedNodes)
+        self.FailedAndUnresolvableNodes = _readable_all(self.FailedAndUnresolvableNodes)
+        self.Error = readable(self.Error)
 
 
 class HostPriority(msgspec.Struct):
@@ -91,6 +114,9 @@ class ExtenderBindingArgs(msgspec.Struct):
 
 class ExtenderBindingResult(msgspec.Struct):
     Error: str = ""
+
+    def __post_init__(self) -> None:
+        self.Error = readable(self.Error)  # a bind error reaches the event too
 
 
 class MetaPod(msgspec.Struct):
@@ -430,7 +456,7 @@ class Extender:
     # ----- preempt -----
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         """For each candidate node, the victims whose eviction lets the pod fit on that node's
-        GPUs (fit.select_victims); nodes where no eviction helps are left out.
+        GPUs (victims.select_victims); nodes where no eviction helps are left out.
 
         kube-scheduler calls this after its own dry run (preemption.go callExtenders): per node
         the lower-priority pods its in-tree filters need gone. Our answer may name other pods of
@@ -473,20 +499,22 @@ class Extender:
                 if view is None:
                     continue
                 held = st.holders(node)
-                cands: list[fit.Holder] = []
+                cands: list[victims.Holder] = []
                 for huid, per in held.items():
                     rec = st.pods.get(huid)
                     if huid == uid or rec is None or rec.node != node or rec.priority >= prio:
                         continue
-                    cands.append(fit.Holder(huid, rec.priority, rec.start, rec.deleting, per))
+                    cands.append(victims.Holder(huid, rec.priority, rec.start, rec.deleting, per))
                 keep = []
                 for vuid in asked:
                     if vuid not in held:
                         rec = st.pods.get(vuid)
-                        keep.append(fit.Holder(vuid, rec.priority if rec else 0, rec.start if rec else "", False, {}))
-                victims = fit.select_victims(view, usage.get(node, {}), cands, keep, reqs, opts, self.cfg)
-                if victims:
-                    out.NodeNameToMetaVictims[node] = MetaVictims([MetaPod(h.uid) for h in victims], pdb)
+                        keep.append(
+                            victims.Holder(vuid, rec.priority if rec else 0, rec.start if rec else "", False, {})
+                        )
+                chosen = victims.select_victims(view, usage.get(node, {}), cands, keep, reqs, opts, self.cfg)
+                if chosen:
+                    out.NodeNameToMetaVictims[node] = MetaVictims([MetaPod(h.uid) for h in chosen], pdb)
         log.info(
             "preempt %s/%s: %d of %d candidate node(s) helped by evictions",
             _meta(pod).get("namespace"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Protocol
 
 from vgpu import scheduling as sc
@@ -68,7 +67,8 @@ def asked(req: ContainerRequest, gpu: GPU, cfg: SchedulerConfig) -> tuple[int, i
     return mem, cores
 
 
-def _allowed(gpu: GPU, opts: PodOptions) -> str:
+def excluded(gpu: GPU, opts: PodOptions) -> str:
+    """Why the pod may not use this GPU (unhealthy, type or UUID lists); "" when it may."""
     if not gpu.healthy:
         return f"{gpu.uuid}: unhealthy"
     model = gpu.model.lower()
@@ -114,7 +114,7 @@ def _reason(code: str, gpu: GPU, u: Use, mem: int, cores: int) -> str:
     if code == "mem":
         return f"{gpu.uuid}: {max(gpu.memory - u.memory, 0) // MiB} MiB free < {mem // MiB} MiB asked"
     if code == "cores":
-        return f"{gpu.uuid}: {max(gpu.cores - u.cores, 0)}% compute free < {cores}% asked"
+        return f"{gpu.uuid}: {max(gpu.cores - u.cores, 0)} percent compute free < {cores} percent asked"
     if code == "whole":
         return f"{gpu.uuid}: whole-GPU compute asked, GPU shared by {u.slots} container(s)"
     return f"{gpu.uuid}: compute fully allocated"
@@ -146,7 +146,7 @@ def fit_node(
         rmem, rpct, rcores = req.mem_mib, req.mem_pct, req.cores
         for gpu in gpus_all:
             if not gpu.healthy or filtered:
-                why = _allowed(gpu, opts)
+                why = excluded(gpu, opts)
                 if why:
                     misses.append(why)
                     continue
@@ -367,149 +367,3 @@ def search(
                     best = r
                 break
     return best
-
-
-# ----- preemption (the extender's preempt verb) -----
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """A pod that holds GPUs on a node and could be evicted for a higher-priority one."""
-
-    uid: str
-    priority: int
-    start: str  # status.startTime ("" while not started: kube-scheduler takes "now", the newest)
-    deleting: bool
-    held: dict[str, Use]  # GPU UUID -> what it holds there
-    rank: tuple[int, float] = field(default=(0, 0.0), compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rank", (self.priority, -_epoch(self.start)))
-
-
-def importance(h: Holder) -> tuple[int, float]:
-    """kube-scheduler's MoreImportantPod (pkg/scheduler/util/utils.go): higher priority first, then
-    the earlier start time (GetPodStartTime: a pod not started yet counts as starting now). Sorting
-    by this, descending, puts the most important first."""
-    return h.rank
-
-
-def _epoch(t: str) -> float:
-    if not t:
-        return float("inf")
-    try:
-        return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return float("inf")
-
-
-def _without(used: dict[str, Use], victims: Iterable[Holder]) -> dict[str, Use]:
-    out = {k: Use(v.memory, v.cores, v.slots) for k, v in used.items()}
-    for h in victims:
-        for uuid, u in h.held.items():
-            out.setdefault(uuid, Use()).add(u, -1)
-    return out
-
-
-def _cost(vs: list[Holder]) -> tuple[int, int, int]:
-    """What evicting `vs` costs, compared in this order: the highest priority evicted, how many,
-    the sum of their priorities (pods already terminating cost nothing)."""
-    live = [h for h in vs if not h.deleting]
-    return (max((h.priority for h in live), default=-(1 << 62)), len(live), sum(h.priority for h in live))
-
-
-def _room(gpu: GPU, u: Use, mem: int, cores: int) -> bool:
-    """fit_node's per-GPU rule, as arithmetic: a free slot, the memory and the compute, the whole
-    GPU for whole-GPU compute, some compute left for a 0 % ask."""
-    if u.slots >= gpu.slots or gpu.memory - u.memory < mem or gpu.cores - u.cores < cores:
-        return False
-    if cores >= gpu.cores and u.slots > 0:
-        return False
-    return not (cores == 0 and u.cores >= gpu.cores)
-
-
-def _one_gpu(
-    view: NodeView,
-    base: dict[str, Use],
-    cands: list[Holder],
-    req: ContainerRequest,
-    opts: PodOptions,
-    cfg: SchedulerConfig,
-) -> list[Holder] | None:
-    """The cheapest victims for a one-GPU request: each GPU alone, by arithmetic (fit_node's rules);
-    cands are least important first."""
-    best: list[Holder] | None = None
-    zero = Use()
-    on: dict[str, list[Holder]] = {}
-    for h in cands:  # each GPU's holders, least important first
-        for uuid in h.held:
-            on.setdefault(uuid, []).append(h)
-    for gpu in view.gpus:
-        if _allowed(gpu, opts):
-            continue
-        mem, cores = asked(req, gpu, cfg)
-        if mem > gpu.memory or cores > gpu.cores:
-            continue
-        u0 = base.get(gpu.uuid, zero)
-        u = Use(u0.memory, u0.cores, u0.slots)
-        chosen: list[Holder] = []
-        for h in on.get(gpu.uuid, ()):
-            if _room(gpu, u, mem, cores):
-                break
-            chosen.append(h)
-            u.add(h.held[gpu.uuid], -1)
-        if not _room(gpu, u, mem, cores):
-            continue
-        for h in sorted(chosen, key=importance, reverse=True):  # reprieve the most important first
-            x = h.held[gpu.uuid]
-            back = Use(u.memory + x.memory, u.cores + x.cores, u.slots + x.slots)
-            if _room(gpu, back, mem, cores):
-                chosen.remove(h)
-                u = back
-        if best is None or _cost(chosen) < _cost(best):
-            best = chosen
-    return best
-
-
-def select_victims(
-    view: NodeView,
-    used: dict[str, Use],
-    holders: list[Holder],
-    keep: list[Holder],
-    reqs: list[ContainerRequest],
-    opts: PodOptions,
-    cfg: SchedulerConfig,
-) -> list[Holder] | None:
-    """The pods to evict so that the pod fits on this node's GPUs, most important first; None when
-    no eviction of `holders` (the lower-priority pods bound here) makes it fit.
-
-    `keep`: victims kube-scheduler proposed that hold no GPU here (it needs them for other
-    resources, e.g. cpu): they stay victims, and the GPU search starts with them gone. Otherwise
-    the search minimises, over the GPUs the pod could take, first the highest priority evicted,
-    then the number of pods, then the sum of their priorities (kube-scheduler's own order for
-    preemption candidates, preemption.go pickOneNodeForPreemption), then reprieves any chosen pod
-    the pod fits without (most important first, as SelectVictimsOnNode does). A pod that is
-    already terminating costs nothing. A one-GPU request is worked out per GPU by arithmetic and
-    confirmed by fit_node once; others by fit_node over the node. Pure.
-    """
-    if view.problem:
-        return None
-    base = _without(used, keep)
-    if isinstance(fit_node(view, base, reqs, opts, cfg), Placement):
-        return sorted(keep, key=importance, reverse=True) or None
-    cands = sorted(holders, key=lambda h: (not h.deleting, importance(h)))  # least important first
-    if len(reqs) == 1 and reqs[0].count == 1:
-        chosen = _one_gpu(view, base, cands, reqs[0], opts, cfg)
-        if chosen is None or not isinstance(fit_node(view, _without(base, chosen), reqs, opts, cfg), Placement):
-            return None
-        return sorted(chosen + keep, key=importance, reverse=True)
-    if not isinstance(fit_node(view, _without(base, cands), reqs, opts, cfg), Placement):
-        return None  # even with every lower-priority pod gone it does not fit: no eviction helps
-    chosen = []
-    for h in cands:
-        chosen.append(h)
-        if isinstance(fit_node(view, _without(base, chosen), reqs, opts, cfg), Placement):
-            break
-    for h in sorted(chosen, key=importance, reverse=True):  # reprieve the most important first
-        rest = [x for x in chosen if x is not h]
-        if isinstance(fit_node(view, _without(base, rest), reqs, opts, cfg), Placement):
-            chosen = rest
-    return sorted(chosen + keep, key=importance, reverse=True)

@@ -7,9 +7,11 @@ On CREATE of a pod with a vGPU resource in any container:
 - sets `spec.schedulerName` to ours when it is empty or "default-scheduler" (with
   overwrite_default_scheduler); any other name is the user's choice and is kept;
 - rejects, with the reason, invalid quantities or annotations (policies, type/UUID lists,
-  numa-bind) and sizes no GPU of the cluster has (more GPUs than any node offers, more MiB than
-  any GPU has). While no node offers GPUs at all, sizes are not judged (the pod stays Pending
-  with the filter's reasons instead of being refused during a device plugin restart).
+  numa-bind); with `refuse_oversized` also sizes no GPU of the cluster has today (more GPUs than
+  any node offers, more MiB than any GPU has). By default such pods are admitted: they stay
+  Pending with the extender's reason, where an autoscaler can see them. While no node offers
+  GPUs at all, sizes are not judged (the pod stays Pending with the filter's reasons instead of
+  being refused during a device plugin restart).
 The response is a JSONPatch; applying it and reviewing again allows with no patch.
 
 The answer is what kube-apiserver's VerifyAdmissionResponse (k8s.io/apiserver/pkg/admission/
@@ -80,7 +82,7 @@ def mutate(pod: Obj, cfg: SchedulerConfig, limits: Limits) -> list[Obj]:
         cur[parts[-1].replace("~1", "/").replace("~0", "~")] = op["value"]
     reqs = requests.container_requests(after, cfg.resource_name)
     requests.pod_options((pod.get("metadata") or {}).get("annotations"), cfg.node_policy, cfg.gpu_policy)
-    most_gpus, most_mem, most_cores = limits()
+    most_gpus, most_mem, most_cores = (0, 0, 0) if not cfg.refuse_oversized else limits()
     if most_gpus > 0:
         for r in reqs:
             if r.count > most_gpus:
@@ -93,7 +95,7 @@ def mutate(pod: Obj, cfg: SchedulerConfig, limits: Limits) -> list[Obj]:
                 )
             if r.cores is not None and r.cores > most_cores:
                 raise requests.RequestError(
-                    f"container {r.name}: {r.cores}% compute asked; no GPU offers more than {most_cores}%"
+                    f"container {r.name}: {r.cores} percent compute asked; no GPU offers more than {most_cores} percent"
                 )
     name = spec.get("schedulerName") or ""
     ours = not name or name == cfg.scheduler_name or (name == "default-scheduler" and cfg.overwrite_default_scheduler)

@@ -82,18 +82,38 @@ def view(
 ) -> ClusterView:
     """The cluster view from Node and Pod objects (as the API returns them). Only nodes with an
     inventory annotation, or holding decided pods, are listed."""
+    rows, used = node_rows(nodes, now, stale_after_s, resource)
+    gpu_rows = {(n.name, g.uuid): g for n in rows.values() for g in n.gpus}
+    pods_of = PodIndex(pods)
+    held, pending = held_decisions(pods, rows)
+    for node in held.keys() | used.keys():
+        slices = used.get(node, [])
+        decided = held.get(node, {})
+        _count_usage(rows[node], gpu_rows, slices, decided, pods_of)
+        _list_holders(node, gpu_rows, slices, decided, pods_of)
+    for gr in gpu_rows.values():
+        gr.memory_free = max(0, gr.memory - gr.memory_allocated)
+        gr.cores_free = max(0, gr.cores - gr.cores_allocated)
+        gr.pods.sort(key=lambda p: (p.namespace, p.name))
+    return ClusterView(time=now, nodes=[rows[k] for k in sorted(rows)], pending=pending)
+
+
+def node_rows(
+    nodes: list[dict[str, Any]], now: float, stale_after_s: float, resource: str
+) -> tuple[dict[str, NodeRow], dict[str, list[sc.UsedSlice]]]:
+    """A row per node with an inventory annotation, its GPUs with nothing allocated yet; and
+    what each node published as handed out (its usage annotation)."""
     rows: dict[str, NodeRow] = {}
-    gpu_rows: dict[tuple[str, str], GPURow] = {}
-    used: dict[str, list[sc.UsedSlice]] = {}  # node -> what it published as handed out
+    used: dict[str, list[sc.UsedSlice]] = {}
     for n in sorted(nodes, key=lambda n: (n.get("metadata") or {}).get("name") or ""):
         meta = n.get("metadata") or {}
         name = meta.get("name") or ""
-        text = (meta.get("annotations") or {}).get(sc.INVENTORY_ANNOTATION)
+        annotations = meta.get("annotations") or {}
+        text = annotations.get(sc.INVENTORY_ANNOTATION)
         if text is None:
             continue
-        row = NodeRow(name=name, allocatable=sc.node_allocatable(n, resource))
-        rows[name] = row
-        text_used = (meta.get("annotations") or {}).get(sc.USAGE_ANNOTATION)
+        row = rows[name] = NodeRow(name=name, allocatable=sc.node_allocatable(n, resource))
+        text_used = annotations.get(sc.USAGE_ANNOTATION)
         if text_used:
             try:
                 used[name] = sc.decode_usage(text_used).slices
@@ -108,41 +128,56 @@ def view(
         row.split_count = inv.split_count
         row.heartbeat_age_s = round(now - inv.heartbeat, 1)
         row.problem = sc.offer_problem(inv, row.allocatable, now, stale_after_s)
-        for g in sorted(inv.gpus, key=lambda g: g.index):
-            gr = GPURow(
-                uuid=g.uuid,
-                index=g.index,
-                model=g.model,
-                healthy=g.health,
-                numa=g.numa,
-                memory=g.memory_schedulable,
-                memory_allocated=0,
-                memory_free=g.memory_schedulable,
-                cores=g.cores,
-                cores_allocated=0,
-                cores_free=g.cores,
-                slots=g.split_count,
-                slots_allocated=0,
-            )
-            row.gpus.append(gr)
-            gpu_rows[(name, g.uuid)] = gr
-    pending = 0
-    # The Pods are listed after the Nodes (fetch): a pod a Node's usage names that the list lacks
-    # has been deleted since. A mirror pod stands for the static pod whose UID the kubelet uses.
-    by_uid: dict[str, dict[str, Any]] = {}
-    for p in pods:
-        by_uid[str((p.get("metadata") or {}).get("uid") or "")] = p
-    for p in pods:
-        mirror = ((p.get("metadata") or {}).get("annotations") or {}).get(sc.MIRROR_ANNOTATION)
-        if mirror and mirror not in by_uid:
-            by_uid[str(mirror)] = p
-    inits = {uid: sc.blocking_inits(p) for uid, p in by_uid.items()}
+        row.gpus = [_gpu_row(g) for g in sorted(inv.gpus, key=lambda g: g.index)]
+    return rows, used
 
-    def holds(uid: str) -> bool:
-        p = by_uid.get(uid)
+
+def _gpu_row(g: sc.InventoryGPU) -> GPURow:
+    return GPURow(
+        uuid=g.uuid,
+        index=g.index,
+        model=g.model,
+        healthy=g.health,
+        numa=g.numa,
+        memory=g.memory_schedulable,
+        memory_allocated=0,
+        memory_free=g.memory_schedulable,
+        cores=g.cores,
+        cores_allocated=0,
+        cores_free=g.cores,
+        slots=g.split_count,
+        slots_allocated=0,
+    )
+
+
+class PodIndex:
+    """The Pods by UID, and what the usage arithmetic asks of them.  The Pods are listed after the
+    Nodes (fetch): a pod a Node's usage names that the list lacks has been deleted since.  A
+    mirror pod stands for the static pod whose UID the kubelet uses."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.by_uid: dict[str, dict[str, Any]] = {}
+        for p in pods:
+            self.by_uid[str((p.get("metadata") or {}).get("uid") or "")] = p
+        for p in pods:
+            mirror = ((p.get("metadata") or {}).get("annotations") or {}).get(sc.MIRROR_ANNOTATION)
+            if mirror and mirror not in self.by_uid:
+                self.by_uid[str(mirror)] = p
+        self.inits = {uid: sc.blocking_inits(p) for uid, p in self.by_uid.items()}
+
+    def holds(self, uid: str) -> bool:
+        """Whether the pod still holds its slices (listed, not ended)."""
+        p = self.by_uid.get(uid)
         return p is not None and (p.get("status") or {}).get("phase") not in sc.TERMINATED_PHASES
 
-    held: dict[str, dict[str, sc.Decision]] = {}  # node -> uid -> decision holding GPUs there
+
+def held_decisions(
+    pods: list[dict[str, Any]], rows: dict[str, NodeRow]
+) -> tuple[dict[str, dict[str, sc.Decision]], int]:
+    """({node: {pod uid: decision}} of the decisions that hold GPUs, and how many of those pods
+    are not bound yet); a node they name without an inventory gets a row saying so."""
+    held: dict[str, dict[str, sc.Decision]] = {}
+    pending = 0
     for p in pods:
         meta = p.get("metadata") or {}
         text = (meta.get("annotations") or {}).get(sc.DECISION_ANNOTATION)
@@ -161,60 +196,72 @@ def view(
             pending += 1  # decided, reserved by the scheduler, not bound yet
         held.setdefault(node, {})[str(meta.get("uid") or "")] = d
         rows.setdefault(node, NodeRow(name=node, problem="no vGPU inventory"))
-    for node in held.keys() | used.keys():
-        row = rows[node]
-        slices = used.get(node, [])
-        decided = held.get(node, {})
-        for uuid, use in sorted(sc.node_usage(slices, decided, holds, inits).items()):
-            found = gpu_rows.get((node, uuid))
-            if found is None:
-                if uuid not in row.unknown_gpus:
-                    row.unknown_gpus.append(uuid)
-                continue
-            found.memory_allocated += use.memory
-            found.cores_allocated += use.cores
-            found.slots_allocated += use.slots
-        # Who holds what: each pod (its published slices and its decided containers not published
-        # yet, by the same rule), and the slices that name no pod.
-        base, pub = sc.split_slices(slices)
-        for uid in sorted(pub.keys() | decided.keys()):
-            mine = pub.get(uid) if holds(uid) else None
-            dec = decided.get(uid)
-            if mine is None and dec is None:
-                continue
-            p = by_uid.get(uid) or {}
-            meta = p.get("metadata") or {}
-            for uuid, u in sc.pod_usage(mine, dec, inits.get(uid)).items():
-                target = gpu_rows.get((node, uuid))
-                if target is None:
-                    continue
-                names = [c for c, per in (mine or {}).items() if uuid in per]
-                for c in dec.containers if dec is not None else ():
-                    if c.name not in names and any(g.uuid == uuid for g in c.gpus):
-                        names.append(c.name)
-                target.pods.append(
-                    PodOnGPU(
-                        namespace=meta.get("namespace") or "",
-                        name=meta.get("name") or uid,
-                        containers=names,
-                        memory=u.memory,
-                        cores=u.cores,
-                        phase=(p.get("status") or {}).get("phase") or "",
-                        terminating=bool(meta.get("deletionTimestamp")),
-                        decided=sc.DECISION_ANNOTATION in (meta.get("annotations") or {}),
-                    )
-                )
-        for uuid, u in base.items():
+    return held, pending
+
+
+def _count_usage(
+    row: NodeRow,
+    gpu_rows: dict[tuple[str, str], GPURow],
+    slices: list[sc.UsedSlice],
+    decided: dict[str, sc.Decision],
+    pods: PodIndex,
+) -> None:
+    """Each GPU's allocated memory, cores and slots: vgpu.scheduling.node_usage, the scheduler's
+    arithmetic; GPUs the usage names that the inventory lacks are listed as unknown."""
+    for uuid, use in sorted(sc.node_usage(slices, decided, pods.holds, pods.inits).items()):
+        found = gpu_rows.get((row.name, uuid))
+        if found is None:
+            if uuid not in row.unknown_gpus:
+                row.unknown_gpus.append(uuid)
+            continue
+        found.memory_allocated += use.memory
+        found.cores_allocated += use.cores
+        found.slots_allocated += use.slots
+
+
+def _list_holders(
+    node: str,
+    gpu_rows: dict[tuple[str, str], GPURow],
+    slices: list[sc.UsedSlice],
+    decided: dict[str, sc.Decision],
+    pods: PodIndex,
+) -> None:
+    """Who holds what: each pod (its published slices and its decided containers not published
+    yet, by the same rule), and the slices that name no pod."""
+    base, pub = sc.split_slices(slices)
+    for uid in sorted(pub.keys() | decided.keys()):
+        mine = pub.get(uid) if pods.holds(uid) else None
+        dec = decided.get(uid)
+        if mine is None and dec is None:
+            continue
+        p = pods.by_uid.get(uid) or {}
+        meta = p.get("metadata") or {}
+        for uuid, u in sc.pod_usage(mine, dec, pods.inits.get(uid)).items():
             target = gpu_rows.get((node, uuid))
-            if target is not None:
-                target.pods.append(
-                    PodOnGPU(namespace="", name=UNNAMED, containers=[], memory=u.memory, cores=u.cores, phase="")
+            if target is None:
+                continue
+            names = [c for c, per in (mine or {}).items() if uuid in per]
+            for c in dec.containers if dec is not None else ():
+                if c.name not in names and any(g.uuid == uuid for g in c.gpus):
+                    names.append(c.name)
+            target.pods.append(
+                PodOnGPU(
+                    namespace=meta.get("namespace") or "",
+                    name=meta.get("name") or uid,
+                    containers=names,
+                    memory=u.memory,
+                    cores=u.cores,
+                    phase=(p.get("status") or {}).get("phase") or "",
+                    terminating=bool(meta.get("deletionTimestamp")),
+                    decided=sc.DECISION_ANNOTATION in (meta.get("annotations") or {}),
                 )
-    for gr in gpu_rows.values():
-        gr.memory_free = max(0, gr.memory - gr.memory_allocated)
-        gr.cores_free = max(0, gr.cores - gr.cores_allocated)
-        gr.pods.sort(key=lambda p: (p.namespace, p.name))
-    return ClusterView(time=now, nodes=[rows[k] for k in sorted(rows)], pending=pending)
+            )
+    for uuid, u in base.items():
+        target = gpu_rows.get((node, uuid))
+        if target is not None:
+            target.pods.append(
+                PodOnGPU(namespace="", name=UNNAMED, containers=[], memory=u.memory, cores=u.cores, phase="")
+            )
 
 
 def _mib(n: int) -> str:

@@ -25,8 +25,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from node_setup import nodetype
-from node_setup.nodetype import NodeFacts, Root
+from node_setup.containerd.handler import uuid_named_kinds
+from node_setup.containerd.plan import sidecar_path
+from node_setup.nodetype import report
+from node_setup.nodetype.detect import detect as detect_node
+from node_setup.nodetype.facts import NVIDIA_BINARIES, NodeFacts
+from node_setup.nodetype.root import DetectError, Root
+from node_setup.nodetype.toolkit import runtime_mode
 from vgpu.config import ConfigError, NodeConfig, config_path_from_env, load_config
 
 Status = Literal["OK", "WARN", "FAIL"]
@@ -139,16 +144,11 @@ def _hook_of(spec: dict[str, Any]) -> tuple[str, str, dict[str, str]]:
     return "", "", {}
 
 
-def _uuid_kinds(f: NodeFacts) -> set[str]:
-    """CDI kinds whose specs name GPUs by UUID (`nvidia-ctk cdi generate`: by index and UUID)."""
-    return {c.kind for c in f.cdi_specs if any(d.startswith(("GPU-", "MIG-")) for d in c.devices)}
-
-
 def _sidecar(root: Root, conf: str) -> dict[str, Any]:
     try:
-        text = root.read(conf + ".vgpu-hook.json")
+        text = root.read(sidecar_path(conf))
         d = json.loads(text) if text else {}
-    except (nodetype.DetectError, ValueError):
+    except (DetectError, ValueError):
         return {}
     return d if isinstance(d, dict) else {}
 
@@ -208,14 +208,14 @@ class Doctor:
     def check_containerd(self) -> None:
         o = self.opts
         try:
-            f = nodetype.detect(
+            f = detect_node(
                 o.containerd_config,
                 root=o.root,
                 containerd_bin=o.containerd_bin,
                 toolkit_config=o.toolkit_config,
                 exclude=o.handler,
             )
-        except nodetype.DetectError as e:
+        except DetectError as e:
             self.add("containerd", "FAIL", str(e), f"fix the containerd configuration ({o.containerd_config})")
             return
         self.facts = f
@@ -235,7 +235,7 @@ class Doctor:
             )
         elif f.cri_error:
             self.add("containerd", "FAIL", f"containerd's CRI plugin will not load: {f.cri_error} (no pod can start)",
-                     nodetype.cri_fix(f))  # fmt: skip
+                     report.cri_fix(f))  # fmt: skip
         else:
             where = f"effective config from {f.source}" + (f" ({f.source_note})" if f.source_note else "")
             version = f.containerd_version or "(version unknown)"
@@ -275,7 +275,7 @@ class Doctor:
             return None
         problems: list[str] = []
         side = _sidecar(self.root, f.containerd_config)
-        reaches = any(os.path.basename(h.binary_name).startswith(b) for b in nodetype.NVIDIA_BINARIES)
+        reaches = any(os.path.basename(h.binary_name).startswith(b) for b in NVIDIA_BINARIES)
         status: Status = "OK"
         if not reaches:
             msg = f"handler `{name}` runs {h.binary_name or 'runc'}: containers get no GPU from NVIDIA's runtime"
@@ -297,7 +297,7 @@ class Doctor:
             try:
                 text = self.root.read(h.base_runtime_spec)
                 spec = json.loads(text) if text is not None else None
-            except (nodetype.DetectError, ValueError) as e:
+            except (DetectError, ValueError) as e:
                 problems.append(f"base_runtime_spec {h.base_runtime_spec}: {e}")
             if spec is None and not problems:
                 problems.append(f"base_runtime_spec {h.base_runtime_spec} does not exist")
@@ -312,7 +312,7 @@ class Doctor:
             if problem:
                 self.add("vgpu-handler", "FAIL", f"handler `{name}` runs {h.binary_name}: {problem[0]}", problem[1])
                 return spec
-            mode = nodetype.runtime_mode(h.binary_name, f.toolkit)
+            mode = runtime_mode(h.binary_name, f.toolkit)
             self.add(
                 "vgpu-handler", "OK", f"handler `{name}` reaches the NVIDIA runtime: {h.binary_name} ({mode} mode)"
             )
@@ -335,7 +335,7 @@ class Doctor:
         tk = f.toolkit
         if tk is None:
             return None
-        mode = nodetype.runtime_mode(binary, tk)
+        mode = runtime_mode(binary, tk)
         if binary.endswith(".legacy") and not tk.legacy_hook_accepts():
             return (
                 f"its legacy hook refuses every GPU container: {tk.path} is in {tk.mode} mode with "
@@ -350,7 +350,7 @@ class Doctor:
         why: list[str] = []
         for st in strategies:
             if st in ("envvar", "volume-mounts"):
-                if mode != "cdi" or tk.default_kind in _uuid_kinds(f):
+                if mode != "cdi" or tk.default_kind in uuid_named_kinds(f):
                     return None
                 why.append(f"{st}: bare UUIDs become {tk.default_kind}=<uuid>, which no CDI spec defines")
             elif st == "cdi-annotations":
@@ -500,7 +500,7 @@ class Doctor:
         try:
             text = self.root.read(path)
             status = json.loads(text) if text is not None else None
-        except (nodetype.DetectError, ValueError) as e:
+        except (DetectError, ValueError) as e:
             self.add("monitor", "FAIL", f"{path}: {e}", "systemctl restart vgpu-monitor")
             return
         if not isinstance(status, dict):

@@ -37,6 +37,9 @@ Cases (each prints its figures with a prefix; BENCH_CASES picks, default "100,50
                                  (wall time: a descheduled process shows here too), [ms, generation]
   preempt_p50_ms, preempt_p99_ms /preempt round trip for 100 higher-priority pods of 24 GiB, each
                                  with 100 candidate nodes and kube-scheduler's proposed victims
+  preempt_nodes_helped           candidate nodes answered with victims, per call
+  preempt_victims_per_node       victims named per answered node (the exact search's minimum)
+  preempt2_*                     the same for pods of 2 GPUs x 40 GiB
   nodes_used, nodes_lower_bound  nodes holding a pod after the run; total memory, cores and slots
                                  asked over one node's, rounded up
   packing_vs_lower_bound         nodes_lower_bound / nodes_used (1.0: as tight as possible)
@@ -78,6 +81,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from sim.kubeapi import node_object, pod_object  # noqa: E402
+from tests.support.inventory import inventory as support_inventory  # noqa: E402
 from vgpu import scheduling as sc  # noqa: E402
 from vgpu_scheduler import fit, snapshot  # noqa: E402
 from vgpu_scheduler.config import SchedulerConfig  # noqa: E402
@@ -101,20 +105,10 @@ def gpu_uuid(node: str, i: int) -> str:
 
 
 def inventory(node: str) -> sc.NodeInventory:
-    gpus = [
-        sc.InventoryGPU(
-            uuid=gpu_uuid(node, i),
-            index=i,
-            model="NVIDIA A100-SXM4-80GB",
-            memory=MEM_GIB * GiB,
-            memory_schedulable=MEM_GIB * GiB,
-            cores=100,
-            split_count=SPLIT,
-            numa=i // 4,
-        )
-        for i in range(GPUS)
-    ]
-    return sc.NodeInventory(split_count=SPLIT, heartbeat=time.time() + 3600, gpus=gpus)
+    return support_inventory(
+        node, GPUS, mem_gib=MEM_GIB, split=SPLIT, numa=[i // 4 for i in range(GPUS)], heartbeat=time.time() + 3600,
+        uuids=[gpu_uuid(node, i) for i in range(GPUS)],
+    )  # fmt: skip
 
 
 def node_name(n: int, total: int) -> str:
@@ -602,18 +596,28 @@ def run_case(total: int, count: int, workdir: Path) -> dict[str, Any]:
         for p in pods_now:
             by_node.setdefault(p["spec"]["nodeName"], []).append(p["metadata"]["uid"])
         cands = [n for n in used_nodes if n in by_node][:100]
-        pre: list[float] = []
-        helped = 0
-        for i in range(100):
-            high = pod_object(f"high-{i}", [("main", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "24576"})])
-            high["metadata"]["uid"] = f"high-uid-{i}"
-            high["spec"]["priority"] = 1000
-            meta = {n: {"Pods": [{"UID": by_node[n][-1]}], "NumPDBViolations": 0} for n in cands}
-            body = json.dumps({"Pod": high, "NodeNameToVictims": None, "NodeNameToMetaVictims": meta}).encode()
-            t = time.perf_counter()
-            out = cl.post("/preempt", body)
-            pre.append((time.perf_counter() - t) * 1000)
-            helped += len(out.get("NodeNameToMetaVictims") or {})
+
+        def preempt_round(gpus: int, mib: int) -> tuple[list[float], int, int]:
+            """100 /preempt calls for a pod of `gpus` GPUs x `mib` MiB: (ms each, nodes helped, victims)."""
+            times: list[float] = []
+            helped = victims = 0
+            for i in range(100):
+                lim = {"nvidia.com/gpu": str(gpus), "nvidia.com/gpumem": str(mib)}
+                high = pod_object(f"high-{gpus}-{i}", [("main", lim)])
+                high["metadata"]["uid"] = f"high-uid-{gpus}-{i}"
+                high["spec"]["priority"] = 1000
+                meta = {n: {"Pods": [{"UID": by_node[n][-1]}], "NumPDBViolations": 0} for n in cands}
+                body = json.dumps({"Pod": high, "NodeNameToVictims": None, "NodeNameToMetaVictims": meta}).encode()
+                t = time.perf_counter()
+                out = cl.post("/preempt", body)
+                times.append((time.perf_counter() - t) * 1000)
+                answered = out.get("NodeNameToMetaVictims") or {}
+                helped += len(answered)
+                victims += sum(len(v.get("Pods") or []) for v in answered.values())
+            return times, helped, victims
+
+        pre, helped, victims = preempt_round(1, 24576)
+        pre2, helped2, victims2 = preempt_round(2, 40960)
         api.latency(False)
         slots = base_slots(total)
         nodes_used = nodes_holding({n: {u: x[2] for u, x in g.items()} for n, g in stats["usage"].items()}, slots)
@@ -655,6 +659,11 @@ def run_case(total: int, count: int, workdir: Path) -> dict[str, Any]:
             "preempt_p50_ms": pct(pre, 0.5),
             "preempt_p99_ms": pct(pre, 0.99),
             "preempt_nodes_helped": helped / 100,
+            "preempt_victims_per_node": victims / max(helped, 1),
+            "preempt2_p50_ms": pct(pre2, 0.5),
+            "preempt2_p99_ms": pct(pre2, 0.99),
+            "preempt2_nodes_helped": helped2 / 100,
+            "preempt2_victims_per_node": victims2 / max(helped2, 1),
             "nodes_used": nodes_used,
             "nodes_lower_bound": lower_bound_nodes(pods),
             "sampled_nodes_used": sampled_nodes_used(pods, total, SchedulerConfig(node_policy="binpack"), slots)

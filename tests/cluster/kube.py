@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tests.support.poll import wait_for
 from vgpu import __version__
 from vgpu import scheduling as sc
 from vgpuctl import cluster as vcluster
@@ -44,6 +45,7 @@ class Settings:
     kubelet_restart: str = ""  # shell command restarting the kubelet of $NODE ("" = skip that test)
     disruptive: bool = False  # may take the webhook down (scale the scheduler to 0) and back
     host_network: bool = False  # test pods on the host network (clusters without a pod network)
+    refuse_oversized: bool = False  # the chart's scheduler.webhook.refuseOversized
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings | None:
@@ -65,20 +67,14 @@ class Settings:
             kubelet_restart=e.get("VGPU_TEST_KUBELET_RESTART", d.kubelet_restart),
             disruptive=e.get("VGPU_TEST_DISRUPTIVE", "") in ("1", "true", "yes"),
             host_network=e.get("VGPU_TEST_HOST_NETWORK", "") in ("1", "true", "yes"),
+            refuse_oversized=e.get("VGPU_TEST_REFUSE_OVERSIZED", "") in ("1", "true", "yes"),
         )
 
 
 def wait(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
-    """Poll `pred` until it returns something true; AssertionError naming `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = pred()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
+    """Poll `pred` until it returns something true, every `every` s (a real API server's pace);
+    AssertionError naming `what` on timeout (tests.support.poll.wait_for)."""
+    return wait_for(pred, timeout, what, step=every)
 
 
 class Cluster:
@@ -134,6 +130,17 @@ class Cluster:
             )
         )["items"]
         return [e.get("message") or "" for e in evs if not reason or e.get("reason") == reason]
+
+    def all_events(self, reason: str) -> list[Obj]:
+        """Every event of this run's namespace with that reason, as the API returns it."""
+        evs: list[Obj] = self._json(self.core.list_namespaced_event(self.namespace, _preload_content=False))["items"]
+        return [e for e in evs if e.get("reason") == reason]
+
+    def condition(self, name: str, kind: str = "PodScheduled") -> Obj:
+        p = self.pod(name)
+        assert p is not None, f"pod {name} is gone"
+        found = [c for c in (p.get("status") or {}).get("conditions") or [] if c.get("type") == kind]
+        return found[0] if found else {}
 
     # ---- writes ----
     def create_namespace(self) -> None:

@@ -1,7 +1,8 @@
 """Preemption through the scheduler: a higher-priority pod blocked by GPU memory evicts exactly
-the pods whose eviction lets it fit on one GPU; a pod that no GPU of the node could hold, even
-empty, evicts nobody (kube-scheduler alone, counting node totals, would evict running vGPU pods
-again and again for a pod that can never fit).
+the pods whose eviction lets it fit on one GPU, and the fewest of them (one larger pod rather than
+two smaller); pods no node can hold today are created (the webhook's default), stay Pending with
+the extender's reason and evict nobody (kube-scheduler alone evicted running vGPU pods again and
+again for a pod that could never fit).
 
 One node (VGPU_TEST_NODE, else the first whose GPUs are all free) is filled: on every GPU of
 memory M a low-priority pod of M/4 and a medium-priority pod of the rest, each pinned to its GPU.
@@ -78,31 +79,60 @@ def _evicted(cluster: Cluster, filled: dict[str, Obj]) -> list[str]:
     return out
 
 
-def test_a_pod_no_gpu_could_hold_evicts_nobody(cluster: Cluster, pods: Pods, priorities: dict[str, str]) -> None:
-    """More memory than any GPU of the node has, at the highest priority. The webhook would refuse
-    a size no GPU in the cluster has, so this pod skips it (`vgpu.k8s.io/webhook: ignore`, its own
-    schedulerName), as a pod created while the webhook was not installed would."""
+def _oversized(cluster: Cluster) -> dict[str, dict[str, str]]:
+    """Pods no node of the cluster can hold today: more memory than any GPU has, more GPUs than
+    any node has."""
     s = cluster.settings
+    v = cluster.view()
+    biggest = max(g.memory for n in v.nodes for g in n.gpus) // MiB
+    most = max(len(n.gpus) for n in v.nodes if n.gpus)
+    return {
+        "huge": {s.resource: "1", sc.RESOURCE_MEM: str(biggest + 4096), sc.RESOURCE_CORES: "10"},
+        "wide": {s.resource: str(most + 1), sc.RESOURCE_MEM: "1024", sc.RESOURCE_CORES: "10"},
+    }
+
+
+def test_pods_no_node_can_hold_today_stay_pending_and_evict_nobody(
+    cluster: Cluster, pods: Pods, priorities: dict[str, str]
+) -> None:
+    """More memory than any GPU, more GPUs than any node, at the highest priority, through the
+    webhook: created (an autoscaler adds nodes only for Pending pods), Pending with the
+    extender's reason, and once the node is full still evicting nobody (the preempt verb leaves
+    the node out). With VGPU_TEST_REFUSE_OVERSIZED=1 (the chart's
+    scheduler.webhook.refuseOversized) the webhook refuses them with the reason instead."""
     node, gpus = _free_node(cluster)
+    wanted = _oversized(cluster)
+    if cluster.settings.refuse_oversized:
+        from kubernetes.client.rest import ApiException
+
+        for name, limits in wanted.items():
+            with pytest.raises(ApiException) as e:
+                pods.create(name, limits, node=node, priority_class=priorities["high"])
+            assert "no GPU has more than" in str(e.value.body) or "no node offers more than" in str(e.value.body)
+        return
+    for name, limits in wanted.items():
+        pods.create(name, limits, node=node, priority_class=priorities["high"])
+    # Pending with the extender's reason: the GPU too small even empty, or too few GPUs.
+    reasons = {name: cluster.wait_failed_scheduling(name) for name in wanted}
+    assert any("never fits this node" in m and "MiB asked" in m for m in reasons["huge"]), reasons["huge"]
+    assert any(f"GPU(s) < {wanted['wide'][cluster.settings.resource]} asked" in m for m in reasons["wide"]), reasons
+    for name in wanted:
+        cond = cluster.condition(name)
+        assert cond.get("status") == "False" and cond.get("reason") == "Unschedulable", cond
+        assert "%" not in (cond.get("message") or ""), cond
+    # Now every GPU of the node full of lower-priority pods: kube-scheduler's own filters fail on
+    # the node's totals, its dry run proposes victims, the extender's preempt verb leaves the node
+    # out. Nobody is evicted, ever.
     filled = _fill(cluster, pods, node, gpus, priorities)
-    too_big = max(g.memory for g in gpus) // MiB + 1024
-    limits = {s.resource: "1", sc.RESOURCE_MEM: str(too_big), sc.RESOURCE_CORES: "10"}
-    pods.create(
-        "impossible",
-        limits,
-        labels={"vgpu.k8s.io/webhook": "ignore"},
-        scheduler_name=s.scheduler_name,
-        node=node,
-        priority_class=priorities["high"],
-    )
-    cluster.wait_failed_scheduling("impossible")
     deadline = time.monotonic() + WATCH_S
     while time.monotonic() < deadline:
-        assert _evicted(cluster, filled) == [], cluster.describe("impossible")
+        assert _evicted(cluster, filled) == [], [cluster.describe(n) for n in wanted]
         time.sleep(1.0)
-    p = cluster.pod("impossible")
-    assert p is not None and not p["spec"].get("nodeName")
-    assert not p["status"].get("nominatedNodeName"), cluster.describe("impossible")
+    for name in wanted:
+        p = cluster.pod(name)
+        assert p is not None and not p["spec"].get("nodeName"), cluster.describe(name)
+        assert not p["status"].get("nominatedNodeName"), cluster.describe(name)
+        assert all("%!" not in m for m in cluster.events(name, "FailedScheduling")), cluster.describe(name)
 
 
 def test_a_pod_blocked_by_gpu_memory_evicts_exactly_the_victims_that_help(
@@ -125,3 +155,43 @@ def test_a_pod_blocked_by_gpu_memory_evicts_exactly_the_victims_that_help(
     # Exactly one pod was evicted: the medium one of the GPU the preemptor got. Every low-priority
     # pod (M/4: evicting it never makes room for M/2) still runs.
     assert _evicted(cluster, filled) == [f"mid-{index}"], [cluster.describe(n) for n in filled]
+
+
+def test_one_larger_pod_is_evicted_rather_than_two_smaller(
+    cluster: Cluster, pods: Pods, priorities: dict[str, str]
+) -> None:
+    """Two GPUs of memory M (split 4 or more), every byte taken by low-priority pods pinned to them:
+    GPU 0 holds M/2 (started first), M/4, M/8 and M/8, GPU 1 four pods of M/4 (any other GPU of the
+    node is filled by one medium-priority pod). A high-priority pod of M/2 evicts exactly the M/2
+    pod of GPU 0 and runs there: one pod, where walking GPU 1 from its least important pods
+    evicts two."""
+    s = cluster.settings
+    node, gpus = _free_node(cluster)
+    m = gpus[0].memory // MiB
+    pair = [g for g in gpus if g.memory // MiB == m][:2]
+    if len(pair) < 2 or any(g.slots < 4 for g in pair) or m % 8:
+        pytest.skip("needs a node with two GPUs of one size (a multiple of 8 MiB), split 4 or more")
+    g0, g1 = pair
+    sizes = {g0.uuid: [m // 2, m // 4, m // 8, m // 8], g1.uuid: [m // 4] * 4}
+    filled: dict[str, Obj] = {}
+    for g in (g0, g1):
+        for i, size in enumerate(sizes[g.uuid]):
+            name = f"g{g.index}-{i}"
+            limits = {s.resource: "1", sc.RESOURCE_MEM: str(size), sc.RESOURCE_CORES: "10"}
+            pin = {sc.USE_GPUUUID_ANNOTATION: g.uuid}
+            pods.create(name, limits, annotations=pin, node=node, priority_class=priorities["low"])
+            filled[name] = cluster.wait_running(name)  # one after the other: the first started first
+    for g in gpus:
+        if g.uuid in sizes:
+            continue
+        name = f"other-{g.index}"
+        limits = {s.resource: "1", sc.RESOURCE_MEM: str(g.memory // MiB), sc.RESOURCE_CORES: "10"}
+        pin = {sc.USE_GPUUUID_ANNOTATION: g.uuid}
+        pods.create(name, limits, annotations=pin, node=node, priority_class=priorities["mid"])
+        filled[name] = cluster.wait_running(name)
+    limits = {s.resource: "1", sc.RESOURCE_MEM: str(m // 2), sc.RESOURCE_CORES: "10"}
+    pods.create("preemptor", limits, node=node, priority_class=priorities["high"])
+    p = cluster.wait_running("preemptor")
+    d = decision(p)
+    assert d is not None and [g.uuid for g in d.containers[0].gpus] == [g0.uuid], cluster.describe("preemptor")
+    assert _evicted(cluster, filled) == [f"g{g0.index}-0"], [cluster.describe(n) for n in filled]

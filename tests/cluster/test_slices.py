@@ -113,8 +113,8 @@ def test_the_charts_helm_test_pod_passes(cluster: Cluster, pods: Pods) -> None:
     """The chart's `helm test` hook (templates/tests/slice-test.yaml), rendered for this cluster and
     run in the test namespace: it succeeds, having seen exactly its 3000 MiB."""
     helm = pytest.importorskip("helm_python", reason="helm-python-sdk renders the chart (make venv)")
-    from tests.packaging.k8svalidate import load_all
-    from tests.packaging.test_helm import CHART
+    from tests.support.helm import CHART
+    from tests.support.k8svalidate import load_all
 
     s = cluster.settings
     if not [g for _n, g in offered_gpus(cluster.view()) if g.memory_free >= 3000 * MiB]:

@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 
 from device_plugin.daemon import Daemon
-from sim.kubeapi import use_kubeconfig
+from sim.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
 from sim.kubelet import FakeKubelet
+from vgpu import scheduling
 from vgpu.config import DevicePluginConfig
 from vgpu.nvml import GPUInfo
 from vgpu.paths import Paths
+from vgpu.scheduling import ContainerDecision, Decision, GPUAssignment
 
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
@@ -39,6 +41,55 @@ def synthetic_gpus(n: int = 2, mem: int = 16 * GiB) -> list[GPUInfo]:
         GPUInfo(i, f"GPU-{i:08x}-abcd-ef01-2345-6789abcdef01", "Fake H100", mem, f"0000:{i + 1:02x}:00.0", i % 2)
         for i in range(n)
     ]
+
+
+# ---- one node in the Kubernetes API stand-in, and pods the scheduler placed there ----
+
+NODE = "node-a"
+GPUS = synthetic_gpus(2, 16 * GiB)
+U0, U1 = GPUS[0].uuid, GPUS[1].uuid
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAPI]:
+    with KubeAPI() as a:
+        a.create("nodes", node_object(NODE, gpus=8))
+        use_kubeconfig(monkeypatch, a.write_kubeconfig(tmp_path / "kubeconfig"))
+        yield a
+
+
+def add_pod(
+    api: KubeAPI,
+    name: str,
+    containers: list[tuple[str, bool, list[tuple[str, int, int]]]],
+    bind_time: float = 1000.0,
+    node: str = NODE,
+    extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod placed by the scheduler: decision (for `node`), bind-phase=allocating, bound to NODE."""
+    d = Decision(
+        node=node,
+        time=bind_time - 1,
+        containers=[
+            ContainerDecision(name=n, init=i, gpus=[GPUAssignment(uuid=u, memory=m, cores=c) for u, m, c in g])
+            for n, i, g in containers
+        ],
+    )
+    ann = {
+        scheduling.DECISION_ANNOTATION: scheduling.encode(d),
+        scheduling.BIND_PHASE_ANNOTATION: scheduling.PHASE_ALLOCATING,
+        scheduling.BIND_TIME_ANNOTATION: str(int(bind_time)),
+        **(extra or {}),
+    }
+    obj = pod_object(
+        name,
+        [(n, {"nvidia.com/gpu": str(len(g))}) for n, i, g in containers if not i],
+        init=[(n, {"nvidia.com/gpu": str(len(g))}) for n, i, g in containers if i] or None,
+        annotations=ann,
+    )
+    api.create("pods", obj)
+    api.bind(name, "default", NODE)
+    return api.get("pods", name, "default")
 
 
 @pytest.fixture

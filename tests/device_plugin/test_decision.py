@@ -8,70 +8,25 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from device_plugin import decision
+from device_plugin import decision, decisionpolicy
 from nodecore.devices import DeviceTable, Slicing
-from sim.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
+from sim.kubeapi import KubeAPI, use_kubeconfig
 from sim.kubelet import ContainerSpec, FakeKubelet
-from tests.device_plugin.conftest import GiB, InProc, synthetic_gpus
+from tests.device_plugin.conftest import GPUS, NODE, U0, U1, GiB, InProc, add_pod
 from vgpu import scheduling
-from vgpu.scheduling import ContainerDecision, Decision, GPUAssignment
+from vgpu.scheduling import ContainerDecision, Decision
 from vgpu.schemas import TOKEN_ENV, read_record
 
 pytestmark = pytest.mark.timeout(120)
 
 MiB = 1 << 20
-NODE = "node-a"
-GPUS = synthetic_gpus(2, 16 * GiB)
-U0, U1 = GPUS[0].uuid, GPUS[1].uuid
-
-
-@pytest.fixture
-def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAPI]:
-    with KubeAPI() as a:
-        a.create("nodes", node_object(NODE, gpus=8))
-        use_kubeconfig(monkeypatch, a.write_kubeconfig(tmp_path / "kubeconfig"))
-        yield a
-
-
-def add_pod(
-    api: KubeAPI,
-    name: str,
-    containers: list[tuple[str, bool, list[tuple[str, int, int]]]],
-    bind_time: float = 1000.0,
-    node: str = NODE,
-    extra: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A pod placed by the scheduler: decision (for `node`), bind-phase=allocating, bound to NODE."""
-    d = Decision(
-        node=node,
-        time=bind_time - 1,
-        containers=[
-            ContainerDecision(name=n, init=i, gpus=[GPUAssignment(uuid=u, memory=m, cores=c) for u, m, c in g])
-            for n, i, g in containers
-        ],
-    )
-    ann = {
-        scheduling.DECISION_ANNOTATION: scheduling.encode(d),
-        scheduling.BIND_PHASE_ANNOTATION: scheduling.PHASE_ALLOCATING,
-        scheduling.BIND_TIME_ANNOTATION: str(int(bind_time)),
-        **(extra or {}),
-    }
-    obj = pod_object(
-        name,
-        [(n, {"nvidia.com/gpu": str(len(g))}) for n, i, g in containers if not i],
-        init=[(n, {"nvidia.com/gpu": str(len(g))}) for n, i, g in containers if i] or None,
-        annotations=ann,
-    )
-    api.create("pods", obj)
-    api.bind(name, "default", NODE)
-    return api.get("pods", name, "default")
 
 
 def pod_ann(api: KubeAPI, name: str) -> dict[str, str]:
@@ -314,7 +269,7 @@ def test_terminating_and_invalid_decisions_are_skipped() -> None:
         pod({**base, scheduling.BIND_PHASE_ANNOTATION: scheduling.PHASE_SUCCESS}),
         {**pod(base), "status": {"phase": "Failed"}},
     ]
-    got = decision.pending_pods(json.dumps({"items": items}).encode(), NODE)
+    got = decisionpolicy.pending_pods(json.dumps({"items": items}).encode(), NODE)
     assert len(got) == 1 and got[0].bind_time == 1.0  # no bind-time: the decision's time
 
 

@@ -8,7 +8,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,8 +19,8 @@ from nodecore.devices import DeviceTable, Slicing
 from sim import kubelet_checkpoint as kc
 from sim.kubeapi import KubeAPI, pod_object
 from sim.kubelet import ContainerSpec, FakeKubelet
-from tests.device_plugin.conftest import GiB, InProc
-from tests.device_plugin.test_decision import GPUS, NODE, U0, U1, add_pod, api  # noqa: F401 - the `api` fixture
+from tests.device_plugin.conftest import GPUS, NODE, U0, U1, GiB, InProc, add_pod
+from tests.support.poll import wait_for
 from vgpu import scheduling
 from vgpu.paths import Paths
 from vgpu.schemas import TOKEN_ENV, AllocatedGPU, AllocationRecord
@@ -140,18 +139,8 @@ def node_usage_of(kube: KubeAPI) -> scheduling.NodeUsage | None:
     return scheduling.decode_usage(text) if text else None
 
 
-def wait(cond: Callable[[], Any], what: str, timeout: float = 20) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_published_on_allocate_named_by_the_kubelet_ended_pods_stop_counting_records_stay(
-    api: KubeAPI,  # noqa: F811 - the fixture
+    api: KubeAPI,
     kubelet: FakeKubelet,
     inproc: Callable[..., InProc],
 ) -> None:
@@ -174,7 +163,7 @@ def test_published_on_allocate_named_by_the_kubelet_ended_pods_stop_counting_rec
         st = api.get("nodes", NODE)["status"]
         return all(st["capacity"].get(k) == v and st["allocatable"].get(k) == v for k, v in want.items())
 
-    wait(status_ok, "the node-level totals in the Node's status")
+    wait_for(status_ok, 20, "the node-level totals in the Node's status")
     assert api.get("nodes", NODE)["status"]["allocatable"]["nvidia.com/gpu"] == "8"  # the kubelet's own kept
     # a decided pod, a pod without a decision (another scheduler's), one with an init container
     add_pod(api, "decided", [("main", False, [(U1, 3000 * MiB, 30)])])
@@ -194,7 +183,7 @@ def test_published_on_allocate_named_by_the_kubelet_ended_pods_stop_counting_rec
 
         return f
 
-    u = wait(named(4), "every slice published with its pod")
+    u = wait_for(named(4), 20, "every slice published with its pod")
     got = sorted((s.pod, s.container, s.gpu, s.memory, s.cores) for s in u.slices)
     assert len({g for pod, _, g, _, _ in got if pod == uid["job"]}) == 1
     assert [x for x in got if x[0] == uid["decided"]] == [(uid["decided"], "main", U1, 3000 * MiB, 30)]
@@ -211,7 +200,7 @@ def test_published_on_allocate_named_by_the_kubelet_ended_pods_stop_counting_rec
     p.stop()
     api.patch("nodes", NODE, {"metadata": {"annotations": {scheduling.USAGE_ANNOTATION: None}}})
     p = start()
-    u = wait(named(4), "republished after the restart")
+    u = wait_for(named(4), 20, "republished after the restart")
     assert sorted((s.pod, s.container, s.gpu) for s in u.slices) == sorted(x[:3] for x in got)
     # other and job end: the kubelet drops them but writes its checkpoint only at its next
     # allocation, so their records stay (a replay could still ask for them) and stay published
@@ -231,6 +220,6 @@ def test_published_on_allocate_named_by_the_kubelet_ended_pods_stop_counting_rec
     # the kubelet's next allocation rewrites its checkpoint: the ended pods' records go
     api.create("pods", pod_object("next", [("main", {"nvidia.com/gpu": "1"})]))
     kubelet.admit("default", "next", "main", uid=api.get("pods", "next")["metadata"]["uid"])
-    wait(named(2), "the ended pods' records collected")
+    wait_for(named(2), 20, "the ended pods' records collected")
     assert len(os.listdir(p.state.allocations_dir)) == 2
     p.stop()

@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 
 from dra_plugin.__main__ import build_parser, load
-from tests.packaging import k8svalidate
-from tests.support import resourcevalidation
+from tests.support import k8svalidate, resourcevalidation
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is a dev dependency (make venv)")
 
-from tests.packaging.test_helm import CHART, by_kind, render  # noqa: E402
+from tests.support.helm import CHART, by_kind, render  # noqa: E402
 
 DRA = {
     "devicePlugin": {"deviceSplitCount": 4},
@@ -119,8 +118,8 @@ def test_schema_rejects_bad_dra_values(dra: dict[str, Any]) -> None:
 def test_raw_manifest_mirrors_the_chart_and_the_plugin_accepts_it(tmp_path: Any) -> None:
     """packaging/k8s/dra-plugin.yaml (for clusters without Helm): valid objects, the chart's RBAC
     and DeviceClass, a command line the plugin accepts."""
-    from tests.packaging import k8svalidate as kv
-    from tests.packaging.test_helm import ROOT
+    from tests.support import k8svalidate as kv
+    from tests.support.helm import ROOT
 
     objs = kv.load_all((ROOT / "packaging/k8s/dra-plugin.yaml").read_text())
     assert {f"{o['kind']}/{o['metadata']['name']}": kv.validate(o) for o in objs} == {

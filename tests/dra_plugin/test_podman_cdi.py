@@ -5,15 +5,13 @@ real libvgpu.so, preloaded through the /etc/ld.so.preload we mount, shows exactl
 memory in cuMemGetInfo and refuses an allocation past it; two containers of one claim share one
 slice, while another claim's container has its own.
 
-podman 4.3 reads CDI specs from /etc/cdi and /var/run/cdi only: the simulated NVIDIA spec and
-the plugin's specs go to /var/run/cdi under names unique to the test, removed afterwards."""
+The simulated NVIDIA spec and the plugin's specs go to the test's own CDI directory, which podman
+reads in place of /etc/cdi and /var/run/cdi (tests/support/podman.py): the node's are never
+read or written."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,31 +26,16 @@ from sim.fakegpu.harness import FakeGPU
 from tests.dra_plugin.conftest import GIB, make_cfg
 from tests.dra_plugin.support import Claims, start_plugin
 from tests.support import hook as support
+from tests.support.podman import Podman, needs_podman
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("podman") is None or not os.path.exists("/bin/busybox"),
-        reason="needs root, podman and busybox-static",
-    ),
+    needs_podman,
 ]
-CDI_DIR = Path("/var/run/cdi")
 LIB_DIR = "/usr/local/nvidia/lib64"
 BURN = "/opt/fakegpu/fakegpu-burn"
 DRIVER = "gpu.vgpu.k8s.io"
-
-
-def podman(rootfs: Path, *args: str, timeout: float = 120) -> subprocess.Popen[str]:
-    argv = ["podman", "run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024"]
-    argv += ["--ulimit", "nproc=1024:1024", *args[:-1], "--rootfs", str(rootfs), "/bin/sh", "-c", args[-1]]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-
-
-def run(rootfs: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    p = podman(rootfs, *args)
-    out, err = p.communicate(timeout=timeout)
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def burn_lines(out: str) -> list[dict[str, object]]:
@@ -65,39 +48,34 @@ def rootfs(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def node(tmp_path: Path, build_dir: Path) -> Iterator[FakeGPU]:
+def node(tmp_path: Path, build_dir: Path, podman: Podman) -> Iterator[FakeGPU]:
     g = FakeGPU(tmp_path / "fakegpu", build_dir, gpus=2, memory=16 * GIB)
-    spec_file = CDI_DIR / f"vgpu-test-dra-{os.getpid()}-{tmp_path.name}.json"
-    CDI_DIR.mkdir(parents=True, exist_ok=True)
-    spec_file.write_text(json.dumps(tk.generate_cdi_spec(g, container_lib_dir=LIB_DIR)))
+    (podman.cdi / "fakegpu.json").write_text(json.dumps(tk.generate_cdi_spec(g, container_lib_dir=LIB_DIR)))
     try:
         yield g
     finally:
-        spec_file.unlink(missing_ok=True)
         g.close()
 
 
 @pytest.fixture
-def cfg(tmp_path: Path, build_dir: Path) -> Settings:
-    return make_cfg(tmp_path, cdi_dir=str(CDI_DIR), library_path=str(build_dir / "libvgpu.so"))
+def cfg(tmp_path: Path, build_dir: Path, podman: Podman) -> Settings:
+    return make_cfg(tmp_path, cdi_dir=str(podman.cdi), library_path=str(build_dir / "libvgpu.so"))
 
 
 def test_claimed_memory_is_what_the_container_sees_and_gets(
-    cfg: Settings, node: FakeGPU, kube: kubeapi.KubeAPI, rootfs: Path
+    cfg: Settings, node: FakeGPU, kube: kubeapi.KubeAPI, rootfs: Path, podman: Podman
 ) -> None:
     from vgpu.nvml import GPUInfo
 
     gpus = [GPUInfo(i, u, "NVIDIA Fake GPU", 16 * GIB, None, None) for i, u in enumerate(node.uuids)]
     plugin = start_plugin(cfg, gpus, kube)
     claims = Claims(kube, cfg, gpus)
-    prepared: list[str] = []
     try:
         with DRAKubelet(cfg.kubelet_dir) as kubelet:
             kubelet.wait_registered(DRIVER)
             a = claims.make({"gpu": {"memory": "6Gi", "cores": "30"}})
             b = claims.make({"gpu": {"memory": "6Gi", "cores": "30"}})
             devs = kubelet.prepare(DRIVER, [a, b])
-            prepared = [a.uid, b.uid]
             ids_a, ids_b = cdi_devices(devs[a.uid], "gpu"), cdi_devices(devs[b.uid], "gpu")
             assert ids_a[0] == ids_b[0] == f"nvidia.com/gpu={node.uuids[0]}"  # both 6 GiB on GPU 0
             libs = ["-v", "/usr/lib:/usr/lib:ro", "-v", "/usr/lib64:/usr/lib64:ro", "-v", f"{node.burn}:{BURN}:ro"]
@@ -106,7 +84,7 @@ def test_claimed_memory_is_what_the_container_sees_and_gets(
             dev_b = [x for i in ids_b for x in ("--device", i)]
 
             show = "cat /etc/ld.so.preload; cat /run/vgpu/limits; echo claim=$VGPU_CLAIM_UID; "
-            r = run(rootfs, *dev_a, *libs, show + f"{BURN} --seconds 0 && {BURN} --alloc 5g --seconds 0")
+            r = podman.run(rootfs, *dev_a, *libs, show + f"{BURN} --seconds 0 && {BURN} --alloc 5g --seconds 0")
             assert r.returncode == 0, r.stderr
             assert "/run/vgpu/libvgpu.so" in r.stdout and f"{node.uuids[0]} {6 * GIB} 30 0" in r.stdout
             assert f"claim={a.uid}" in r.stdout
@@ -114,35 +92,32 @@ def test_claimed_memory_is_what_the_container_sees_and_gets(
             assert first["uuid"] == node.uuids[0] and first["mem_total"] == 6 * GIB
             assert alloc["alloc_result"] == 0
 
-            r = run(rootfs, *dev_a, *libs, f"{BURN} --alloc 7g --seconds 0")
+            r = podman.run(rootfs, *dev_a, *libs, f"{BURN} --alloc 7g --seconds 0")
             assert r.returncode == 3, (r.stdout, r.stderr)  # out of memory: refused past the claim
             assert burn_lines(r.stdout)[0]["alloc_result"] == 2  # CUDA_ERROR_OUT_OF_MEMORY
 
             # Two containers of claim A share its 6 GiB: one holds 4 GiB, the other cannot take
             # 3 more; a container of claim B, on the same GPU, has a slice of its own.
-            holder = podman(rootfs, *dev_a, *libs, f"{BURN} --alloc 4g --seconds 0 --hold 60")
+            holder = podman.start(rootfs, *dev_a, *libs, f"{BURN} --alloc 4g --seconds 0 --hold 60")
             try:
                 _wait_held(node, 4 * GIB)
-                r = run(rootfs, *dev_a, *libs, f"{BURN} --alloc 3g --seconds 0")
+                r = podman.run(rootfs, *dev_a, *libs, f"{BURN} --alloc 3g --seconds 0")
                 assert r.returncode == 3, (r.stdout, r.stderr)
-                r = run(rootfs, *dev_a, *libs, f"{BURN} --alloc 1g --seconds 0")
+                r = podman.run(rootfs, *dev_a, *libs, f"{BURN} --alloc 1g --seconds 0")
                 assert r.returncode == 0, (r.stdout, r.stderr)
-                r = run(rootfs, *dev_b, *libs, f"{BURN} --alloc 5g --seconds 0")
+                r = podman.run(rootfs, *dev_b, *libs, f"{BURN} --alloc 5g --seconds 0")
                 assert r.returncode == 0, (r.stdout, r.stderr)
             finally:
                 holder.kill()
                 holder.communicate(timeout=60)
 
             kubelet.unprepare(DRIVER, [a, b])
-            prepared = []
-            r = run(rootfs, *dev_a, *libs, "echo STARTED")
+            r = podman.run(rootfs, *dev_a, *libs, "echo STARTED")
             assert r.returncode != 0 and "STARTED" not in r.stdout
             # Fail closed: the runtime refuses the container. (podman 4.3 then names every device
             # of the request as unresolvable, NVIDIA's too.)
             assert "unresolvable CDI devices" in r.stderr and f"vgpu.k8s.io/claim={a.uid}" in r.stderr
     finally:
-        for uid in prepared:
-            (CDI_DIR / f"vgpu.k8s.io-claim_{uid}.json").unlink(missing_ok=True)
         plugin.stop()
 
 

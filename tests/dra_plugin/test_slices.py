@@ -17,8 +17,7 @@ from dra_plugin import claims, slices
 from sim import draallocator
 from tests.dra_plugin.conftest import GIB, NODE, gpus, make_cfg
 from tests.dra_plugin.support import node_core
-from tests.packaging import k8svalidate
-from tests.support import resourcevalidation
+from tests.support import k8svalidate, resourcevalidation
 from vgpu import quantity
 from vgpu.nvml import GPUInfo
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,15 +27,14 @@ if str(DEMO_DIR) not in sys.path:
 
 from vgpu_demo import scenario  # noqa: E402
 
+from tests.support.hook import have_runc  # noqa: E402
+
 GiB = 1 << 30
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("runc") is None or not os.path.exists("/bin/busybox"),
-        reason="needs root, runc and busybox-static",
-    ),
+    pytest.mark.skipif(not have_runc(), reason="needs root, runc and busybox-static"),
     pytest.mark.timeout(300),
 ]
 

@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +27,12 @@ if str(DEMO_DIR) not in sys.path:
 
 from vgpu_demo import scenario  # noqa: E402
 
+from sim.admission import admission_review  # noqa: E402
 from sim.kubeapi import KubeAPI, apply_json_patch, node_object, pod_object  # noqa: E402
 from sim.kubescheduler import ExtenderConfig, KubeScheduler  # noqa: E402
+from tests.support.hook import have_runc  # noqa: E402
+from tests.support.http import post_ok  # noqa: E402
+from tests.support.poll import wait_for  # noqa: E402
 from vgpu import scheduling as sc  # noqa: E402
 from vgpu.paths import Paths  # noqa: E402
 from vgpu.schemas import read_record  # noqa: E402
@@ -43,44 +43,13 @@ NODE = "gpu-node-1"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("runc") is None or not os.path.exists("/bin/busybox"),
-        reason="needs root, runc and busybox-static",
-    ),
+    pytest.mark.skipif(not have_runc(), reason="needs root, runc and busybox-static"),
     pytest.mark.timeout(300),
 ]
 
 
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def _admission(url: str, pod: dict[str, Any]) -> dict[str, Any]:
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "e2e-1",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "default",
-            "name": pod["metadata"]["name"],
-            "object": pod,
-        },
-    }
-    req = urllib.request.Request(
-        f"{url}/webhook", json.dumps(review).encode(), {"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        out: dict[str, Any] = json.loads(r.read())["response"]
+    out: dict[str, Any] = post_ok(f"{url}/webhook", admission_review(pod, "default"))["response"]
     assert out["allowed"], out
     return out
 
@@ -100,7 +69,7 @@ def test_decided_size_reaches_the_container(build_dir: Path, tmp_path: Path) -> 
             text = api.get("nodes", NODE)["metadata"].get("annotations", {}).get(sc.INVENTORY_ANNOTATION)
             return sc.decode_inventory(text) if text else None
 
-        inv = _wait(inventory, 30, "the node inventory annotation")
+        inv = wait_for(inventory, 30, "the node inventory annotation", step=0.1)
         assert [g.uuid for g in inv.gpus] == [gpu["uuid"]] and inv.gpus[0].memory_schedulable == gpu["memory"]
 
         # 2. the extender + webhook process
@@ -114,7 +83,7 @@ def test_decided_size_reaches_the_container(build_dir: Path, tmp_path: Path) -> 
             m = re.search(r"serving on 127\.0\.0\.1:(\d+)", demo.tail("vgpu-scheduler", 50))
             return int(m.group(1)) if m else 0
 
-        url = f"http://127.0.0.1:{_wait(port, 30, 'vgpu-scheduler to serve')}"
+        url = f"http://127.0.0.1:{wait_for(port, 30, 'vgpu-scheduler to serve', step=0.1)}"
 
         # 3. the pod, through the webhook (schedulerName set, sizes validated), then created
         pod = pod_object("train", [("main", {sc.RESOURCE_GPU: "1", sc.RESOURCE_MEM: "3072", sc.RESOURCE_CORES: "30"})])
@@ -132,7 +101,7 @@ def test_decided_size_reaches_the_container(build_dir: Path, tmp_path: Path) -> 
             res = ks.schedule_one("default", "train")
             return res.status == "Scheduled"
 
-        _wait(scheduled, 30, "the pod to be scheduled")  # the extender's state follows the Node watch
+        wait_for(scheduled, 30, "the pod to be scheduled", step=0.1)  # the extender's state follows the Node watch
         placed = api.get("pods", "train", "default")
         assert placed["spec"]["nodeName"] == NODE
         ann = placed["metadata"]["annotations"]

@@ -6,10 +6,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from monitor.procs import ProcKey, key_of, read_stat
+from tests.support.poll import poll
 from vgpu import limits as vlimits
 from vgpu import region as vregion
 from vgpu import schemas
@@ -49,15 +50,6 @@ class Procs:
 def state(pid: int) -> str:
     st = read_stat(pid)
     return st.state if st else "-"
-
-
-def wait_for(pred: Callable[[], object], timeout: float, step: float = 0.02) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return bool(pred())
 
 
 def key(pid: int) -> ProcKey:
@@ -221,7 +213,7 @@ class MonitorProc:
         return data if data.get("pid") == self.pid else None
 
     def wait_ready(self, timeout: float = 30.0) -> dict:
-        assert wait_for(lambda: (self.status() or {}).get("guardian_armed") or self.proc.poll() is not None, timeout)
+        assert poll(lambda: (self.status() or {}).get("guardian_armed") or self.proc.poll() is not None, timeout)
         st = self.status()
         assert st is not None and self.proc.poll() is None, "monitor did not start"
         return st

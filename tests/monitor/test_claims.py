@@ -20,7 +20,8 @@ import pytest
 from dra_plugin.claimstate import ClaimState, new_metadata
 from monitor.containers import Registry
 from monitor.mapping import Mapper
-from tests.monitor.helpers import Monitors, Procs, exec_ns, key, make_container, metric, state, wait_for
+from tests.monitor.helpers import Monitors, Procs, exec_ns, key, make_container, metric, state
+from tests.support.poll import poll
 from vgpu import schemas
 from vgpu.paths import Paths
 from vgpuctl import cli as ctl
@@ -165,7 +166,7 @@ def test_process_mapped_by_the_region_in_its_root(tmp_path: Path, procs: Procs) 
         ]
     )
     for p in (pa, pb, link):
-        assert wait_for(lambda p=p: os.readlink(f"/proc/{p.pid}/exe").endswith("/sleep"), 10)
+        assert poll(lambda p=p: os.readlink(f"/proc/{p.pid}/exe").endswith("/sleep"), 10)
     found = Registry(paths).scan()
     m = Mapper()
     assert m.resolve(key(pa.pid), found) == "claim:" + UID_A
@@ -212,13 +213,13 @@ def test_claim_held_to_its_cores_and_named_in_metrics_and_vgpuctl(node, procs: P
     other = procs.spawn(burn, env=fakegpu.env, stdout=subprocess.DEVNULL)
     make_container(Path(paths.state_dir), "plugin-ctr", other.pid, [(u0, 8 * GIB, 80)], pod="p", namespace="ns2")
     mon = start_monitor("--policy", "strict")
-    assert wait_for(lambda: state(a1.pid) == "T" or state(a2.pid) == "T", 15)
+    assert poll(lambda: state(a1.pid) == "T" or state(a2.pid) == "T", 15)
     cid = "claim:" + UID_A
     lab = {"container_id": cid, "namespace": "team1", "pod": "trainer-0,trainer-1", "claim": "shared-gpu"}
-    assert wait_for(lambda: metric(mon.scrape(), "vgpu_container_sm_share_percent", **lab, gpu="0") == 20, 10)
+    assert poll(lambda: metric(mon.scrape(), "vgpu_container_sm_share_percent", **lab, gpu="0") == 20, 10)
     text = mon.scrape()
     assert metric(text, "vgpu_container_memory_limit_bytes", **lab, gpu="0") == 4 * GIB
-    assert wait_for(lambda: (metric(mon.scrape(), "vgpu_container_suspensions_total", **lab) or 0) >= 1, 10)
+    assert poll(lambda: (metric(mon.scrape(), "vgpu_container_suspensions_total", **lab) or 0) >= 1, 10)
     # the device-plugin container's series carry no claim
     assert metric(text, "vgpu_container_sm_share_percent", container_id="plugin-ctr", pod="p", gpu="0") == 80
     assert metric(text, "vgpu_container_sm_share_percent", container_id="plugin-ctr", claim="", gpu="0") == 80
@@ -241,8 +242,8 @@ def test_claim_held_to_its_cores_and_named_in_metrics_and_vgpuctl(node, procs: P
     assert "team1/trainer-0,trainer-1" in out and "claim shared-gpu" in out and "/4.0" in out, out
     # unprepared (the plugin removes the directory): the claim's processes run again
     ClaimState(paths).remove(UID_A)
-    assert wait_for(lambda: cid not in {c["container_id"] for c in (mon.status() or {}).get("containers", [])}, 10)
-    assert wait_for(lambda: state(a1.pid) != "T" and state(a2.pid) != "T", 5)
+    assert poll(lambda: cid not in {c["container_id"] for c in (mon.status() or {}).get("containers", [])}, 10)
+    assert poll(lambda: state(a1.pid) != "T" and state(a2.pid) != "T", 5)
     end = time.monotonic() + 1.5
     while time.monotonic() < end:
         assert state(a1.pid) != "T" and state(a2.pid) != "T"
@@ -267,9 +268,9 @@ def test_memory_backstop_applies_to_claims(node, procs: Procs) -> None:
     fits = procs.spawn(
         in_claim_root(df / "region", [fakegpu.burn, "--device", "1", "--alloc", "256m", *hold]), env=fakegpu.env
     )
-    assert wait_for(lambda: hog.poll() is not None, 20)
+    assert poll(lambda: hog.poll() is not None, 20)
     assert hog.returncode == -signal.SIGKILL
-    assert wait_for(
+    assert poll(
         lambda: (
             metric(
                 mon.scrape(),
@@ -308,14 +309,14 @@ def test_extra_bytes_reach_each_slot_of_a_claim_shared_across_pid_namespaces(nod
     outer = []
     for n in (1, 2):  # one after the other: start times (clock ticks) that differ
         outer.append(procs.spawn(argv, env=lib_env(da), stdout=subprocess.DEVNULL))
-        assert wait_for(lambda n=n: len(slots()) == n, 20), slots()
+        assert poll(lambda n=n: len(slots()) == n, 20), slots()
         time.sleep(0.05)
     assert [s.pid for s in slots()] == [1, 1] and all(s.host_pid == 0 for s in slots())
     for p in outer:  # the workloads (pid 1 inside) are the unshare processes' children
         for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split():
             procs.adopt(int(c))
     start_monitor("--policy", "off")
-    assert wait_for(lambda: all(s.extra_bytes[0] > 0 for s in slots()), 20), slots()
+    assert poll(lambda: all(s.extra_bytes[0] > 0 for s in slots()), 20), slots()
     used = {p["host_pid"]: p["devices"][0]["used"] for p in fakegpu.state()["processes"]}
     starts = {key(pid).start_time: pid for pid in used}
     for s in slots():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.monitor.helpers import Procs, ScriptedSource, make_container, metric, state, wait_for
+from tests.monitor.helpers import Procs, ScriptedSource, make_container, metric, state
+from tests.support.poll import poll
 from vgpuctl import cli as ctl
 
 pytestmark = pytest.mark.timeout(90)
@@ -26,7 +27,7 @@ def test_strict_shares_metrics_status_and_vgpuctl(tmp_path: Path, procs: Procs, 
     src = ScriptedSource({U0: {a.pid: 1 * GIB, b.pid: 2 * GIB}})
     r = run_monitor(src, policy="strict", metrics_port=0)
     # a (share 25) must be suspended part of the time
-    assert wait_for(lambda: state(a.pid) == "T", 10)
+    assert poll(lambda: state(a.pid) == "T", 10)
     time.sleep(4)
     text = r.scrape()
     lab = {"container_id": "ctr-a", "pod": "train-a", "namespace": "team1", "container": "main", "gpu": "0"}
@@ -59,18 +60,18 @@ def test_gpu_loss_resumes_its_containers(tmp_path: Path, procs: Procs, run_monit
     make_container(st, "ctr-b", b.pid, [(U0, 4 * GIB, 90)])
     src = ScriptedSource({U0: {a.pid: GIB, b.pid: GIB}})
     r = run_monitor(src, policy="strict", metrics_port=0)
-    assert wait_for(lambda: state(a.pid) == "T", 10)
+    assert poll(lambda: state(a.pid) == "T", 10)
     src.down.add(U0)
     # never stopped again while the GPU is down
     time.sleep(0.3)
-    assert wait_for(lambda: state(a.pid) == "S", 2)
+    assert poll(lambda: state(a.pid) == "S", 2)
     end = time.monotonic() + 1.5
     while time.monotonic() < end:
         assert state(a.pid) != "T"
         time.sleep(0.01)
     assert metric(r.scrape(), "vgpu_gpu_up", uuid=U0) == 0
     src.down.clear()
-    assert wait_for(lambda: state(a.pid) == "T", 10)
+    assert poll(lambda: state(a.pid) == "T", 10)
 
 
 def test_cleanup_of_gone_containers(tmp_path: Path, procs: Procs, run_monitor) -> None:
@@ -86,8 +87,8 @@ def test_cleanup_of_gone_containers(tmp_path: Path, procs: Procs, run_monitor) -
     assert (st / "containers" / "dead").exists()
     dead.kill()
     dead.wait()
-    assert wait_for(lambda: not (st / "containers" / "dead").exists(), 10)
-    assert wait_for(lambda: not half.exists(), 10)
+    assert poll(lambda: not (st / "containers" / "dead").exists(), 10)
+    assert poll(lambda: not half.exists(), 10)
     time.sleep(1.5)
     assert (st / "containers" / "live" / "metadata.json").exists()
 
@@ -100,7 +101,7 @@ def test_idle_container_is_not_kept_suspended(tmp_path: Path, procs: Procs, run_
     make_container(st, "ctr-b", b.pid, [(U0, GIB, 90)])
     src = ScriptedSource({U0: {a.pid: GIB, b.pid: GIB}})
     run_monitor(src, policy="strict", metrics_port=0)
-    assert wait_for(lambda: state(a.pid) == "T", 10)
+    assert poll(lambda: state(a.pid) == "T", 10)
     src.idle = {a.pid, b.pid}  # the GPU goes quiet: no samples at all
     time.sleep(3.0)
     end = time.monotonic() + 1.5

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from monitor import ledger
-from tests.monitor.helpers import Gated, MonitorProc, Monitors, Procs, exec_ns, make_container, metric, state, wait_for
+from tests.monitor.helpers import Gated, MonitorProc, Monitors, Procs, exec_ns, make_container, metric, state
 from tests.support import regions
+from tests.support.poll import poll
 from vgpu import region as vregion
 from vgpuctl import cli as ctl
 
@@ -100,7 +101,7 @@ def test_metrics_status_vgpuctl_and_extra_bytes(node, capsys) -> None:
     # the library's slot for a's process: it charged 512 MiB itself
     start = int(Path(f"/proc/{a.pid}/stat").read_text().rpartition(")")[2].split()[19])
     _claim_slot(st / "containers" / "ctr-a" / "region", 0, a.pid, start, 512 * MIB)
-    assert wait_for(lambda: state(a.pid) == "T", 10)  # throttled at some point
+    assert poll(lambda: state(a.pid) == "T", 10)  # throttled at some point
     time.sleep(3)
     used_a = next(p for p in fakegpu.state()["processes"] if p["host_pid"] == a.pid)["devices"][0]["used"]
     text = mon.scrape()
@@ -127,17 +128,17 @@ def test_kill9_monitor_guardian_resumes_and_restart_replays(node) -> None:
     fakegpu, st, start_monitor, spawn = node
     mon = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "2000")
     ws = [spawn(f"c{i}", s, burn(fakegpu)) for i, s in enumerate([5, 5, 90])]
-    assert wait_for(lambda: state(ws[0].pid) == "T" and state(ws[1].pid) == "T", 15)
+    assert poll(lambda: state(ws[0].pid) == "T" and state(ws[1].pid) == "T", 15)
     mon.proc.kill()  # no SIGTERM handler runs; nobody restarts it
     t0 = time.monotonic()
-    assert wait_for(lambda: all(state(w.pid) != "T" for w in ws), 2.0)
+    assert poll(lambda: all(state(w.pid) != "T" for w in ws), 2.0)
     assert time.monotonic() - t0 <= 2.0
     # ledger.resume_all sends SIGCONT first and empties the ledger after: it is empty soon after
-    assert wait_for(lambda: ledger.read(str(st / "monitor" / "ledger")) == set(), 2.0)
+    assert poll(lambda: ledger.read(str(st / "monitor" / "ledger")) == set(), 2.0)
 
     # now kill the monitor AND its guardian: the processes stay stopped until a new monitor starts
     mon2 = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "2000")
-    assert wait_for(lambda: state(ws[0].pid) == "T" and state(ws[1].pid) == "T", 15)
+    assert poll(lambda: state(ws[0].pid) == "T" and state(ws[1].pid) == "T", 15)
     g = mon2.guardian_pid()
     assert g is not None
     os.kill(g, signal.SIGKILL)
@@ -148,7 +149,7 @@ def test_kill9_monitor_guardian_resumes_and_restart_replays(node) -> None:
     assert {k.pid for k in ledger.read(str(st / "monitor" / "ledger"))} >= {w.pid for w in stopped}
     mon3 = MonitorProc(st, fakegpu.env, "--policy", "off")
     try:
-        assert wait_for(lambda: all(state(w.pid) != "T" for w in ws), 10)
+        assert poll(lambda: all(state(w.pid) != "T" for w in ws), 10)
     finally:
         mon3.stop()
 
@@ -158,12 +159,12 @@ def test_process_exiting_while_stopped(node) -> None:
     mon = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "2000")
     a = spawn("short", 5, burn(fakegpu))
     spawn("long", 95, burn(fakegpu))
-    assert wait_for(lambda: state(a.pid) == "T", 15)
+    assert poll(lambda: state(a.pid) == "T", 15)
     os.kill(a.pid, signal.SIGKILL)
     a.proc.wait(5)
-    assert wait_for(lambda: not ledger.read(str(st / "monitor" / "ledger")), 5)
+    assert poll(lambda: not ledger.read(str(st / "monitor" / "ledger")), 5)
     assert mon.proc.poll() is None
-    assert (mon.status() or {}).get("suspended_processes", 1) == 0 or wait_for(
+    assert (mon.status() or {}).get("suspended_processes", 1) == 0 or poll(
         lambda: (mon.status() or {}).get("suspended_processes") == 0, 5
     )
 
@@ -177,12 +178,12 @@ def test_backstop_for_allocation_bypassing_the_library(node, action: str) -> Non
         "hog", 50, [fakegpu.burn, "--device", "1", "--alloc", "2g", "--seconds", "0", "--hold", "60"], GIB, gpu=1
     )
     if action == "kill":
-        assert wait_for(lambda: hog.proc.poll() is not None, 15)
+        assert poll(lambda: hog.proc.poll() is not None, 15)
         assert hog.proc.returncode == -signal.SIGKILL
     else:
         time.sleep(3)
         assert hog.proc.poll() is None
-    assert wait_for(
+    assert poll(
         lambda: metric(mon.scrape(), "vgpu_container_backstop_actions_total", container_id="hog", action=action) == 1,
         10,
     )
@@ -199,23 +200,23 @@ def test_corrupt_region_gpu_loss_and_cleanup(node, procs: Procs) -> None:
     make_container(st, "bystander", bystander.pid, [(fakegpu.uuids[1], GIB, 50)])
     # a hostile container scribbles over its region
     (st / "containers" / "victim" / "region").write_bytes(os.urandom(4096))
-    assert wait_for(lambda: metric(mon.scrape(), "vgpu_container_region_corrupt", container_id="victim") == 1, 10)
+    assert poll(lambda: metric(mon.scrape(), "vgpu_container_region_corrupt", container_id="victim") == 1, 10)
     # GPU 0 is lost: everything on it resumes, GPU 1 and the monitor carry on
-    assert wait_for(lambda: state(a.pid) == "T", 10)
+    assert poll(lambda: state(a.pid) == "T", 10)
     fakegpu.set_lost(0)
-    assert wait_for(lambda: metric(mon.scrape(), "vgpu_gpu_up", gpu="0") == 0, 10)
-    assert wait_for(lambda: state(a.pid) != "T", 3)
+    assert poll(lambda: metric(mon.scrape(), "vgpu_gpu_up", gpu="0") == 0, 10)
+    assert poll(lambda: state(a.pid) != "T", 3)
     end = time.monotonic() + 1.5
     while time.monotonic() < end:
         assert state(a.pid) != "T"
         time.sleep(0.02)
     assert metric(mon.scrape(), "vgpu_gpu_up", gpu="1") == 1
     fakegpu.set_lost(0, False)
-    assert wait_for(lambda: metric(mon.scrape(), "vgpu_gpu_up", gpu="0") == 1, 15)
+    assert poll(lambda: metric(mon.scrape(), "vgpu_gpu_up", gpu="0") == 1, 15)
     assert mon.proc.poll() is None
     # gone containers (the lost GPU may have ended the workloads too) lose their state directory
     a.kill()
-    assert wait_for(lambda: not (st / "containers" / "victim").exists(), 15)
+    assert poll(lambda: not (st / "containers" / "victim").exists(), 15)
     time.sleep(1.5)
     assert (st / "containers" / "bystander" / "metadata.json").exists()
 
@@ -225,7 +226,7 @@ def test_sigterm_resumes_everything_before_exit(node) -> None:
     mon = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "3000")
     a = spawn("small", 5, burn(fakegpu))
     spawn("big", 95, burn(fakegpu))
-    assert wait_for(lambda: state(a.pid) == "T", 15)
+    assert poll(lambda: state(a.pid) == "T", 15)
     assert mon.stop() == 0
     assert state(a.pid) != "T"
     assert ledger.read(str(st / "monitor" / "ledger")) == set()

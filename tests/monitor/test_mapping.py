@@ -13,8 +13,9 @@ from monitor import cgroups
 from monitor.containers import Registry
 from monitor.mapping import Mapper
 from monitor.procs import ProcKey, nspids
-from tests.monitor.helpers import Procs, key, make_container, wait_for
+from tests.monitor.helpers import Procs, key, make_container
 from tests.support import regions
+from tests.support.poll import poll
 from vgpu.paths import Paths
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,7 +89,7 @@ def test_mapper_uses_recorded_cgroup_path(tmp_path: Path) -> None:
 
 def test_mapper_process_tree_and_pid_reuse(tmp_path: Path, procs: Procs) -> None:
     init = procs.spawn(["sh", "-c", "sleep 60 & sleep 60 & wait"])
-    assert wait_for(lambda: len(_children(init.pid)) == 2, 5)
+    assert poll(lambda: len(_children(init.pid)) == 2, 5)
     other = procs.spawn(["sleep", "60"])
     state = tmp_path / "state"
     make_container(state, "tree", init.pid, [GPU], region=False)
@@ -139,7 +140,7 @@ def test_mapper_region_slot_in_same_pid_namespace(tmp_path: Path, procs: Procs) 
 def test_region_cannot_claim_a_process_outside_its_pid_namespace(tmp_path: Path, procs: Procs) -> None:
     # the "container": init in a new pid namespace
     outer = procs.spawn(["unshare", "--pid", "--fork", "sleep", "60"], stderr=subprocess.DEVNULL)
-    if not wait_for(lambda: len(_children(outer.pid)) == 1 or outer.poll() is not None, 5) or outer.poll() is not None:
+    if not poll(lambda: len(_children(outer.pid)) == 1 or outer.poll() is not None, 5) or outer.poll() is not None:
         pytest.skip("cannot create a pid namespace here")
     init_pid = _children(outer.pid)[0]
     procs.adopt(init_pid)

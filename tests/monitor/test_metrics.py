@@ -13,7 +13,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor import cleanup
-from tests.monitor.helpers import Procs, ScriptedSource, make_container, state, wait_for
+from tests.monitor.helpers import Procs, ScriptedSource, make_container, state
+from tests.support.poll import poll
 
 pytestmark = pytest.mark.timeout(90)
 U0 = "GPU-00000000-0000-0000-0000-00000000000a"
@@ -59,10 +60,10 @@ def test_a_gpu_going_idle_is_not_an_error(tmp_path: Path, procs: Procs, run_moni
     make_container(st, "ctr-b", b.pid, [(U0, GIB, 90)])
     src = ScriptedSource({U0: {a.pid: GIB, b.pid: GIB}})
     r = run_monitor(src, policy="strict", metrics_port=0)
-    assert wait_for(lambda: state(a.pid) == "T", 10)  # throttling: duties below 1
+    assert poll(lambda: state(a.pid) == "T", 10)  # throttling: duties below 1
     src.idle = {a.pid, b.pid}  # the jobs finish their work: no samples any more
     time.sleep(3.0)  # the duties were held, then released (STALE_HOLD_S = 1 s)
-    assert wait_for(lambda: state(a.pid) != "T", 5)
+    assert poll(lambda: state(a.pid) != "T", 5)
     text = r.scrape()
     fam = next(f for f in text_string_to_metric_families(text) if f.name == "vgpu_monitor_errors")
     errors = {s.labels["kind"]: s.value for s in fam.samples}
@@ -79,7 +80,7 @@ def test_an_idle_container_keeps_its_series(tmp_path: Path, procs: Procs, run_mo
     make_container(st, "idle", idle.pid, [(U0, 2 * GIB, 40), (U1, 3 * GIB, 25)], pod="p-idle", namespace="ns-idle")
     src = ScriptedSource({U0: {busy.pid: GIB}, U1: {}})
     r = run_monitor(src, policy="strict", metrics_port=0)
-    assert wait_for(lambda: one(r.scrape(), "vgpu_container_memory_used_bytes", container_id="busy") == GIB, 10)
+    assert poll(lambda: one(r.scrape(), "vgpu_container_memory_used_bytes", container_id="busy") == GIB, 10)
     text = r.scrape()
     for gpu, uuid, limit, share in (("0", U0, 2 * GIB, 40), ("1", U1, 3 * GIB, 25)):
         lab = {"container_id": "idle", "namespace": "ns-idle", "pod": "p-idle", "container": "main", "gpu": gpu}
@@ -95,9 +96,9 @@ def test_an_idle_container_keeps_its_series(tmp_path: Path, procs: Procs, run_mo
     def used() -> float | None:
         return one(r.scrape(), "vgpu_container_memory_used_bytes", container_id="idle", gpu="0")
 
-    assert wait_for(lambda: used() == GIB // 2, 10)
+    assert poll(lambda: used() == GIB // 2, 10)
     src.gpus[U0] = {busy.pid: GIB}
-    assert wait_for(lambda: used() == 0, 10)
+    assert poll(lambda: used() == 0, 10)
     assert one(r.scrape(), "vgpu_container_memory_limit_bytes", container_id="idle", gpu="0") == 2 * GIB
     # the status file (vgpuctl status) lists it with the GPU's allocations
     import json
@@ -112,7 +113,7 @@ def test_exposition_is_valid_openmetrics_and_text(tmp_path: Path, procs: Procs, 
     make_container(st, "ctr-a", a.pid, [(U0, GIB, 50)])
     (st / "containers" / "ctr-a" / "region").write_bytes(b"\xff" * 4096)  # a corrupt region: both its series
     r = run_monitor(ScriptedSource({U0: {a.pid: GIB}}), metrics_port=0)
-    assert wait_for(lambda: one(r.scrape(), "vgpu_container_region_corrupt", container_id="ctr-a") == 1, 10)
+    assert poll(lambda: one(r.scrape(), "vgpu_container_region_corrupt", container_id="ctr-a") == 1, 10)
     om = r.scrape(PROMETHEUS_ACCEPT)
     assert om.endswith("# EOF\n")
     fams = {f.name: f for f in om_families(om)}  # strict: raises on clashing names, bad suffixes, order
@@ -142,8 +143,8 @@ def test_a_directory_gc_cannot_remove_is_counted(
     rmtree = shutil.rmtree
     monkeypatch.setattr(cleanup.shutil, "rmtree", refuse)
     r = run_monitor(ScriptedSource({U0: {}}), gc_grace_s=0.5, metrics_port=0)
-    assert wait_for(lambda: (one(r.scrape(), "vgpu_monitor_errors_total", kind="gc") or 0) >= 1, 10)
+    assert poll(lambda: (one(r.scrape(), "vgpu_monitor_errors_total", kind="gc") or 0) >= 1, 10)
     assert (st / "containers" / "gone").is_dir()
     monkeypatch.setattr(cleanup.shutil, "rmtree", rmtree)  # fixed: removed at the next round
-    assert wait_for(lambda: not (st / "containers" / "gone").exists(), 10)
-    assert wait_for(lambda: one(r.scrape(), "vgpu_monitor_gc_removed_total") == 1, 5)  # the next snapshot
+    assert poll(lambda: not (st / "containers" / "gone").exists(), 10)
+    assert poll(lambda: one(r.scrape(), "vgpu_monitor_gc_removed_total") == 1, 5)  # the next snapshot

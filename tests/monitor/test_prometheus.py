@@ -34,8 +34,9 @@ import pytest
 import yaml
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 
-from tests.monitor.helpers import Gated, MonitorProc, Procs, make_container, wait_for
+from tests.monitor.helpers import Gated, MonitorProc, Procs, make_container
 from tests.support import grafana, promoperator
+from tests.support.poll import poll
 from tests.support.prometheus import BINARY, Prometheus, free_port
 
 pytestmark = [
@@ -82,7 +83,7 @@ class World:
 
 
 def _chart(port: int) -> dict[str, dict[str, Any]]:
-    from tests.packaging.test_helm import by_kind, render
+    from tests.support.helm import by_kind, render
 
     objects = render(
         {
@@ -269,7 +270,7 @@ def check_openmetrics(prom: Prometheus, job: str, om_types: dict[str, str]) -> N
     def healthy() -> list[dict[str, Any]]:
         return [t for t in prom.targets() if t["labels"].get("job") == job and t["health"] == "up"]
 
-    assert wait_for(healthy, 10), prom.targets()  # a scrape that timed out on a loaded machine is retried
+    assert poll(healthy, 10), prom.targets()  # a scrape that timed out on a loaded machine is retried
     assert healthy()[0]["lastError"] == ""
     meta = {m["metric"]: m["type"] for m in prom.target_metadata(job)}
     for name, typ in om_types.items():
@@ -317,7 +318,7 @@ def _wait_scraped(prom: Prometheus, series: int, timeout: float = 60.0) -> float
         except Exception:
             return False
 
-    assert wait_for(ready, timeout, 0.2), f"prometheus never scraped {series} container series"
+    assert poll(ready, timeout, 0.2), f"prometheus never scraped {series} container series"
     return time.time()
 
 

@@ -15,7 +15,8 @@ import pytest
 from monitor import ledger, signals
 from monitor.procs import ProcKey, parse_stat
 from monitor.suspend import Suspender
-from tests.monitor.helpers import Procs, key, state, wait_for
+from tests.monitor.helpers import Procs, key, state
+from tests.support.poll import poll
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,9 +58,9 @@ def test_stop_and_cont_real_process(procs: Procs) -> None:
     p = procs.spawn(["sleep", "60"])
     k = key(p.pid)
     assert signals.stop(k)
-    assert wait_for(lambda: state(p.pid) == "T", 5)
+    assert poll(lambda: state(p.pid) == "T", 5)
     assert signals.cont(k)
-    assert wait_for(lambda: state(p.pid) == "S", 5)
+    assert poll(lambda: state(p.pid) == "S", 5)
 
 
 def test_reused_pid_is_never_signalled(procs: Procs) -> None:
@@ -76,7 +77,7 @@ def test_process_exiting_while_stopped(tmp_path: Path, procs: Procs) -> None:
     p = procs.spawn(["sleep", "60"])
     k = key(p.pid)
     s.apply({k: "c1"}, time.monotonic())
-    assert wait_for(lambda: state(p.pid) == "T", 5)
+    assert poll(lambda: state(p.pid) == "T", 5)
     assert ledger.read(s.ledger.path) == {k}
     os.kill(p.pid, signal.SIGKILL)  # SIGKILL ends a stopped process
     p.wait(5)
@@ -97,7 +98,7 @@ def test_zombie_is_harmless(tmp_path: Path, procs: Procs) -> None:
     )
     assert parent.stdout is not None
     zpid = int(parent.stdout.readline())
-    assert wait_for(lambda: state(zpid) == "Z", 5)
+    assert poll(lambda: state(zpid) == "Z", 5)
     k = key(zpid)
     s = Suspender(str(tmp_path / "ledger"), max_suspend_s=10, guardian=False)
     s.apply({k: "c1"}, time.monotonic())
@@ -113,29 +114,29 @@ def test_max_suspend_is_enforced(tmp_path: Path, procs: Procs) -> None:
     k = key(p.pid)
     t0 = time.monotonic()
     s.apply({k: "c1"}, t0)
-    assert state(p.pid) == "T" or wait_for(lambda: state(p.pid) == "T", 2)
+    assert state(p.pid) == "T" or poll(lambda: state(p.pid) == "T", 2)
     s.apply({k: "c1"}, t0 + 0.25)  # still wanted, but the stretch is over
-    assert wait_for(lambda: state(p.pid) == "S", 2)
+    assert poll(lambda: state(p.pid) == "S", 2)
     s.apply({k: "c1"}, t0 + 0.26)  # cooling down: stays running
     time.sleep(0.05)
     assert state(p.pid) == "S"
     s.apply({k: "c1"}, t0 + 1.0)
-    assert wait_for(lambda: state(p.pid) == "T", 2)
+    assert poll(lambda: state(p.pid) == "T", 2)
     assert s.stats["c1"].suspensions == 2
     s.close()
-    assert wait_for(lambda: state(p.pid) == "S", 2)
+    assert poll(lambda: state(p.pid) == "S", 2)
 
 
 def test_replay_on_start(tmp_path: Path, procs: Procs) -> None:
     p = procs.spawn(["sleep", "60"])
     k = key(p.pid)
     os.kill(p.pid, signal.SIGSTOP)
-    assert wait_for(lambda: state(p.pid) == "T", 5)
+    assert poll(lambda: state(p.pid) == "T", 5)
     path = str(tmp_path / "ledger")
     ledger.write(path, [k, ProcKey(k.pid, k.start_time + 7)])
     s = Suspender(path, max_suspend_s=1, guardian=False)
     assert s.start() == 1
-    assert wait_for(lambda: state(p.pid) == "S", 2)
+    assert poll(lambda: state(p.pid) == "S", 2)
     assert ledger.read(path) == set()
     s.close()
 
@@ -166,11 +167,11 @@ def test_guardian_resumes_everything_after_kill9(tmp_path: Path, procs: Procs) -
     assert mon.stdout is not None
     assert mon.stdout.readline().strip() == b"stopped"
     for w in workers:
-        assert wait_for(lambda w=w: state(w.pid) == "T", 5)
+        assert poll(lambda w=w: state(w.pid) == "T", 5)
     mon.kill()
     t0 = time.monotonic()
     mon.wait()
-    assert wait_for(lambda: all(state(w.pid) == "S" for w in workers), 2.0), [state(w.pid) for w in workers]
+    assert poll(lambda: all(state(w.pid) == "S" for w in workers), 2.0), [state(w.pid) for w in workers]
     assert time.monotonic() - t0 <= 2.0
     assert ledger.read(path) == set()
 
@@ -184,11 +185,11 @@ def test_guardian_death_resumes_and_rearms(tmp_path: Path, procs: Procs) -> None
         p = procs.spawn(["sleep", "60"])
         k = key(p.pid)
         s.apply({k: "c"}, time.monotonic())
-        assert wait_for(lambda: state(p.pid) == "T", 5)
+        assert poll(lambda: state(p.pid) == "T", 5)
         s.guardian.kill()
         s.guardian.wait()
         s.check_guardian()
-        assert state(p.pid) != "T" or wait_for(lambda: state(p.pid) == "S", 2)
+        assert state(p.pid) != "T" or poll(lambda: state(p.pid) == "S", 2)
         assert s.armed and s.guardian.poll() is None and s.guardian_restarts == 1
         procs.adopt(s.guardian.pid)
     finally:

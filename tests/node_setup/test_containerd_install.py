@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from node_setup import containerd, nodetype
 from node_setup import hookcmd as cli
+from node_setup.containerd.handler import ANNOTATION_GLOB
+from node_setup.containerd.tomledit import edit_v2
+from node_setup.hookspec import HOOK_ENV
+from node_setup.nodetype.detect import detect as detect_node
+from node_setup.nodetype.tomlmerge import V3_RUNTIME
 from tests.support import ctrd
 
 pytestmark = pytest.mark.timeout(120)
@@ -63,9 +67,9 @@ def test_v1_install_is_in_place_idempotent_and_uninstall_restores(tmp_path: Path
     pre = spec["hooks"]["prestart"]
     assert pre[0] == {"path": "/x"} and len(pre) == 2  # existing hooks kept, ours appended once
     ours = pre[1]
-    assert ours["env"] == containerd.HOOK_ENV and ours["timeout"] == 30
+    assert ours["env"] == HOOK_ENV and ours["timeout"] == 30
     assert ours["args"][-1] == "prestart" and "--state-dir" in ours["args"]
-    assert spec["hooks"]["poststop"][0]["env"] == containerd.HOOK_ENV
+    assert spec["hooks"]["poststop"][0]["env"] == HOOK_ENV
     assert _run(tmp_path, "uninstall", "--containerd-config", str(conf)) == 0
     assert conf.read_text() == V1_CONFIG
     assert not Path(rt["base_runtime_spec"]).exists()
@@ -133,11 +137,9 @@ def test_packaged_snippets_match_the_installer() -> None:
     root = Path(__file__).resolve().parents[2] / "packaging"
     v1 = tomlkit.parse((root / "containerd" / "containerd-1.x-config.toml").read_text())
     rt = v1["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vgpu"]
-    assert rt["container_annotations"] == [containerd.ANNOTATION_GLOB]
+    assert rt["container_annotations"] == [ANNOTATION_GLOB]
     v3 = tomlkit.parse((root / "containerd" / "containerd-2.x-conf.d-vgpu.toml").read_text())
-    assert v3["plugins"][containerd.V3_RUNTIME]["containerd"]["runtimes"]["vgpu"]["runtime_type"] == (
-        "io.containerd.runc.v2"
-    )
+    assert v3["plugins"][V3_RUNTIME]["containerd"]["runtimes"]["vgpu"]["runtime_type"] == ("io.containerd.runc.v2")
     assert "handler: vgpu" in (root / "k8s" / "runtimeclass.yaml").read_text()
 
 
@@ -248,7 +250,7 @@ def test_handler_in_the_main_file_is_lost_under_99_nvidia(tmp_path: Path) -> Non
         pytest.skip("containerd not installed")
     s = ctrd.make_shape("n1-118", Path("/"), str(tmp_path / "host"))
     text = s.fs(s.conf).read_text()
-    s.fs(s.conf).write_text(containerd.edit_v2(text, "vgpu", {"runtime_type": "io.containerd.runc.v2"}, False))
+    s.fs(s.conf).write_text(edit_v2(text, "vgpu", {"runtime_type": "io.containerd.runc.v2"}, False))
     eff = _dump(s.conf)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]  # type: ignore[index]
     assert "vgpu" not in eff and "nvidia" in eff
 
@@ -381,7 +383,7 @@ def test_2x_install_on_the_default_version_4_config(tmp_path: Path, spec_src: Pa
     assert conf.read_bytes() == original  # the import is there already
     drop = tomlkit.parse((conf.parent / "conf.d" / "vgpu.toml").read_text()).unwrap()
     assert drop["version"] == 3 and "vgpu" in drop["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
-    f = nodetype.detect(str(conf), containerd_bin=str(tmp_path / "none"), major=2)
+    f = detect_node(str(conf), containerd_bin=str(tmp_path / "none"), major=2)
     assert f.handler("vgpu") is not None and f.handler("runc") is not None and f.cri_error == ""
     assert _run(tmp_path, "uninstall", "--containerd-config", str(conf)) == 0
     assert conf.read_bytes() == original and not (conf.parent / "conf.d" / "vgpu.toml").exists()

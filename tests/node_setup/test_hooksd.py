@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from node_setup import containerd, hooksd
 from node_setup import hookcmd as cli
+from node_setup.hooksd import plan as hooksd
+from node_setup.hookspec import HOOK_ENV
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,7 +30,7 @@ def test_entries_schema_and_conditions(tmp_path: Path) -> None:
         assert doc["stages"] == [stage]
         hook = doc["hook"]
         assert hook["path"] == "/bin/sh" and hook["args"][3:5] == ["vgpu-hook", stage]
-        assert hook["env"] == containerd.HOOK_ENV and hook["timeout"] == 30  # never the image's env
+        assert hook["env"] == HOOK_ENV and hook["timeout"] == 30  # never the image's env
         assert "/usr/bin/python3" in hook["args"] and hook["args"][-1] == stage
         assert "--state-dir" in hook["args"] and str(tmp_path / "state") in hook["args"]
         ((key, value),) = doc["when"]["annotations"].items()

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from node_setup import nodetype
+from node_setup.nodetype import report
+from node_setup.nodetype.detect import detect as detect_node
+from node_setup.nodetype.facts import NodeFacts
+from node_setup.nodetype.root import DetectError, Root
+from node_setup.nodetype.tomlmerge import load_files
 from tests.support import ctrd
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,9 +34,9 @@ def shape(kind: str, tmp: Path, mode: str) -> ctrd.Shape:
     return ctrd.make_shape(kind, Path("/"), str(tmp / "host"))
 
 
-def detect(s: ctrd.Shape, mode: str, **kw: object) -> nodetype.NodeFacts:
+def detect(s: ctrd.Shape, mode: str, **kw: object) -> NodeFacts:
     root = str(s.root) if mode == "root" else "/"
-    return nodetype.detect(s.conf, root=root, **kw)  # type: ignore[arg-type]
+    return detect_node(s.conf, root=root, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("mode", _modes())
@@ -86,8 +90,8 @@ def test_each_shape(kind: str, mode: str, tmp_path: Path) -> None:
     if kind == "n3":  # the installer's management spec (YAML) holds only `all`
         assert [(c.kind, c.devices) for c in f.cdi_specs] == [("management.nvidia.com/gpu", ["all"])]
     # the facts are one msgspec struct: JSON round trip
-    assert json.loads(nodetype.to_json(f))["node_type"] == f.node_type
-    assert f"node type: {f.node_type}" in nodetype.summary(f)
+    assert json.loads(report.to_json(f))["node_type"] == f.node_type
+    assert f"node type: {f.node_type}" in report.summary(f)
 
 
 @pytest.mark.parametrize(
@@ -151,8 +155,8 @@ def test_debian_config_plus_nvidia_ctk_drop_in_cannot_load_cri(variant: str, mod
     assert f.cri_error == (
         'no corresponding runtime configured in `containerd.runtimes` for `containerd` `default_runtime_name = "runc"'
     )
-    assert any("CRI plugin will NOT load" in ln for ln in nodetype.summary(f))
-    fix = nodetype.cri_fix(f)
+    assert any("CRI plugin will NOT load" in ln for ln in report.summary(f))
+    fix = report.cri_fix(f)
     assert s.dropin in fix and "runtimes.runc" in fix and "defines only nvidia" in fix
 
 
@@ -175,7 +179,7 @@ def test_debian_1_6_itself_refuses_to_load_cri_there(tmp_path: Path) -> None:
                         f'[grpc]\n  address = "{d}/sock"\n[ttrpc]\n  address = "{d}/sock.ttrpc"\n', 1)  # fmt: skip
     (d / "config.toml").write_text(main)
     (d / "conf.d/99-nvidia.toml").write_text(traces.text(rec + "conf.d/99-nvidia.toml"))
-    f = nodetype.detect(str(d / "config.toml"))
+    f = detect_node(str(d / "config.toml"))
     assert f.source == "config dump" and f.cri_error.startswith("no corresponding runtime configured")
     log = d / "containerd.log"
     with open(log, "wb") as out:
@@ -199,10 +203,10 @@ def test_no_nvidia_runtime_and_empty_node(tmp_path: Path) -> None:
     host = tmp_path / "host"
     (host / "etc/containerd").mkdir(parents=True)
     (host / "etc/containerd/config.toml").write_text(BASE)
-    f = nodetype.detect("/etc/containerd/config.toml", root=str(host))
+    f = detect_node("/etc/containerd/config.toml", root=str(host))
     assert f.node_type == "none" and f.nvidia_handler == "" and f.toolkit is None
     assert [h.name for h in f.handlers] == ["runc"]
-    empty = nodetype.detect("/etc/containerd/config.toml", root=str(tmp_path / "nothing"))
+    empty = detect_node("/etc/containerd/config.toml", root=str(tmp_path / "nothing"))
     assert empty.node_type == "none" and not empty.config_exists and empty.handlers == []
     assert "does not exist" in empty.source_note and empty.containerd_version == ""
 
@@ -217,12 +221,12 @@ def test_merge_rules_1x_replace_2x_merge(tmp_path: Path) -> None:
         '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
         'BinaryName = "/usr/bin/nvidia-container-runtime"\n'
     )
-    eff, order, _ = nodetype.load_files(nodetype.Root(str(host)), "/etc/containerd/config.toml", 1)
+    eff, order, _ = load_files(Root(str(host)), "/etc/containerd/config.toml", 1)
     assert order == ["/etc/containerd/config.toml", "/etc/containerd/conf.d/50-extra.toml"]
     rts = eff["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
     assert list(rts) == ["nvidia"]  # runc and sandbox_image are gone (containerd #5837)
     assert "sandbox_image" not in eff["plugins"]["io.containerd.grpc.v1.cri"]
-    eff2, _, _ = nodetype.load_files(nodetype.Root(str(host)), "/etc/containerd/config.toml", 2)
+    eff2, _, _ = load_files(Root(str(host)), "/etc/containerd/config.toml", 2)
     rts2 = eff2["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
     assert sorted(rts2) == ["nvidia", "runc"]
     if HAVE_CONTAINERD:  # containerd 1.6 itself agrees with our 1.x rule
@@ -230,7 +234,7 @@ def test_merge_rules_1x_replace_2x_merge(tmp_path: Path) -> None:
         (s / "conf.d").mkdir(parents=True)
         (s / "config.toml").write_text(f'imports = ["{s}/conf.d/*.toml"]\n' + BASE)
         shutil.copy(host / "etc/containerd/conf.d/50-extra.toml", s / "conf.d")
-        f = nodetype.detect(str(s / "config.toml"))
+        f = detect_node(str(s / "config.toml"))
         assert f.source == "config dump" and f.handler("runc") is None and f.handler("nvidia") is not None
 
 
@@ -240,27 +244,27 @@ def test_root_resolves_symlinks_inside_the_root(tmp_path: Path) -> None:
     (host / "opt/ctr/config.toml").write_text(BASE)
     (host / "etc/containerd").mkdir(parents=True)
     os.symlink("/opt/ctr/config.toml", host / "etc/containerd/config.toml")  # absolute: the host's /opt
-    r = nodetype.Root(str(host))
+    r = Root(str(host))
     assert r.fs("/etc/containerd/config.toml") == str(host / "opt/ctr/config.toml")
     os.symlink("../../../../../../etc/passwd", host / "etc/up")
     assert r.fs("/etc/up") == str(host / "etc/passwd")  # `..` never leaves the root
-    assert nodetype.detect("/etc/containerd/config.toml", root=str(host)).config_exists
+    assert detect_node("/etc/containerd/config.toml", root=str(host)).config_exists
 
 
 def test_toolkit_config_overrides_and_bad_files(tmp_path: Path) -> None:
     s = ctrd.make_shape("n1-117", tmp_path / "host", "", base_text=BASE)
     (tmp_path / "host/etc/tk.toml").write_text('[nvidia-container-runtime]\nmode = "legacy"\n')
-    f = nodetype.detect(s.conf, root=str(s.root), toolkit_config="/etc/tk.toml")
+    f = detect_node(s.conf, root=str(s.root), toolkit_config="/etc/tk.toml")
     assert f.toolkit is not None and f.toolkit.path == "/etc/tk.toml" and f.node_type == "N1-legacy"
     s.fs(s.toolkit_config).write_text("mode = [unclosed\n")
-    f = nodetype.detect(s.conf, root=str(s.root))
+    f = detect_node(s.conf, root=str(s.root))
     assert f.toolkit is not None and "cannot parse" in f.toolkit.error
     s.fs(s.conf).write_text("version = = 2\n")
-    with pytest.raises(nodetype.DetectError, match="cannot parse"):
-        nodetype.detect(s.conf, root=str(s.root))
+    with pytest.raises(DetectError, match="cannot parse"):
+        detect_node(s.conf, root=str(s.root))
     s.fs(s.conf).write_text('version = "2"\n')
-    with pytest.raises(nodetype.DetectError, match="unsupported config version"):
-        nodetype.detect(s.conf, root=str(s.root))
+    with pytest.raises(DetectError, match="unsupported config version"):
+        detect_node(s.conf, root=str(s.root))
 
 
 def test_jit_cdi_explicit_and_yaml_specs(tmp_path: Path) -> None:
@@ -268,7 +272,7 @@ def test_jit_cdi_explicit_and_yaml_specs(tmp_path: Path) -> None:
     s.fs(s.toolkit_config).write_text('[nvidia-container-runtime]\nmode = "jit-cdi"\n')
     s.write("/var/run/cdi/nvidia.yaml", "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n"
             "  containerEdits: {}\n- name: GPU-abc\n  containerEdits: {}\n- name: all\n")  # fmt: skip
-    f = nodetype.detect(s.conf, root=str(s.root))
+    f = detect_node(s.conf, root=str(s.root))
     assert f.node_type == "N1-jit-cdi"
     assert [(c.kind, c.devices) for c in f.cdi_specs] == [("nvidia.com/gpu", ["0", "GPU-abc", "all"])]
 
@@ -312,7 +316,7 @@ def test_2x_merge_matches_containerd_2_3_config_dump(dropin: str | None, dump: s
 
     m = "containerd2/merge/"
     host = _tree(tmp_path, m + "main.config.toml", m + dropin if dropin else None)
-    f = nodetype.detect("/etc/containerd/config.toml", root=str(host))  # no binary under the root: files
+    f = detect_node("/etc/containerd/config.toml", root=str(host))  # no binary under the root: files
     assert f.source == "files" and f.containerd_major == 2 and f.cri_plugin == "io.containerd.cri.v1.runtime"
     want_default, want = _runtimes_of(tomllib.loads(traces.text(m + dump)), "io.containerd.cri.v1.runtime")
     assert f.default_runtime == want_default
@@ -325,7 +329,7 @@ def test_2x_merge_matches_containerd_2_3_config_dump(dropin: str | None, dump: s
 def test_2x_default_config_version_4(tmp_path: Path) -> None:
     """`containerd config default` of 2.3.4 is version 4, CDI on by default."""
     host = _tree(tmp_path, "containerd2/config-default.containerd-2.3.4.toml", None)
-    f = nodetype.detect("/etc/containerd/config.toml", root=str(host))
+    f = detect_node("/etc/containerd/config.toml", root=str(host))
     assert f.config_version == 4 and f.containerd_major == 2 and f.cri_plugin == "io.containerd.cri.v1.runtime"
     assert f.cdi_enabled and f.cdi_spec_dirs == ["/etc/cdi", "/var/run/cdi"]
     assert f.default_runtime == "runc" and [h.name for h in f.handlers] == ["runc"] and f.cri_error == ""
@@ -348,7 +352,7 @@ def test_1x_merge_matches_containerd_1_6_config_dump(main: str, cwd_rule: bool, 
 
     c = "containerd2/contrast-containerd-1.6.20/"
     host = _tree(tmp_path, c + main, c + "conf.d-99-nvidia.toml")
-    eff, _, _ = nodetype.load_files(nodetype.Root(str(host)), "/etc/containerd/config.toml", 1, cwd_rule)
+    eff, _, _ = load_files(Root(str(host)), "/etc/containerd/config.toml", 1, cwd_rule)
     want_default, want = _runtimes_of(tomllib.loads(traces.text(c + dump)), "io.containerd.grpc.v1.cri")
     ctd = eff["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
     assert ctd.get("default_runtime_name") == want_default

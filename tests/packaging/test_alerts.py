@@ -76,13 +76,13 @@ def test_every_alert_has_a_runbook_line() -> None:
 
 
 def _render(values: dict[str, Any]) -> list[dict[str, Any]]:
-    from tests.packaging.test_helm import render
+    from tests.support.helm import render
 
     return render(values, name="vgpu", namespace="gpu-system")
 
 
 def test_chart_prometheus_rule_is_the_rules_file() -> None:
-    from tests.packaging.test_helm import by_kind
+    from tests.support.helm import by_kind
 
     assert by_kind(_render({}), "PrometheusRule") == []  # off by default (needs the operator's CRDs)
     objects = _render({"monitor": {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prom"}}}})
@@ -99,7 +99,7 @@ def test_chart_prometheus_rule_is_the_rules_file() -> None:
 
 
 def test_chart_rejects_bad_prometheus_rule_values() -> None:
-    from tests.packaging.test_helm import helm
+    from tests.support.helm import sdk as helm
 
     for bad in ({"enabled": "yes"}, {"labels": {"release": 1}}, {"enable": True}):
         with pytest.raises(helm.HelmError, match="at '/"):
@@ -109,7 +109,7 @@ def test_chart_rejects_bad_prometheus_rule_values() -> None:
 def test_service_monitor_keeps_the_monitors_labels() -> None:
     """prometheus-operator adds the monitor pod's namespace/pod/container as target labels; without
     honorLabels they overwrite the containers' own (renamed exported_*)."""
-    from tests.packaging.test_helm import by_kind
+    from tests.support.helm import by_kind
 
     [sm] = by_kind(_render({"monitor": {"serviceMonitor": {"enabled": True}}}), "ServiceMonitor")
     [ep] = sm["spec"]["endpoints"]

@@ -9,48 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.packaging import k8svalidate
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "packaging" / "helm" / "k8s-vgpu"
-
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk is a dev dependency (make venv)")
-
-
-def render(
-    values: dict[str, Any] | None = None, name: str = "k8s-vgpu", namespace: str = "kube-system"
-) -> list[dict[str, Any]]:
-    with helm.Chart.load(str(CHART)) as chart:
-        chart.validate_schema(values or {})
-        manifests = chart.render(values or {}, name=name, namespace=namespace)
-    objects: list[dict[str, Any]] = []
-    for path, text in sorted(manifests.items()):
-        if path.endswith(".yaml"):
-            objects.extend(k8svalidate.load_all(text))
-    return objects
-
-
-def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objects if o["kind"] == kind]
-
-
-def daemonset(objects: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
-    [ds] = [o for o in by_kind(objects, "DaemonSet") if o["metadata"]["name"].endswith(suffix)]
-    return ds
-
-
-def container_args(ds: dict[str, Any]) -> list[str]:
-    args: list[str] = ds["spec"]["template"]["spec"]["containers"][0]["args"]
-    return args
-
-
-def assert_valid(objects: list[dict[str, Any]]) -> None:
-    problems = {
-        f"{o['kind']}/{o['metadata']['name']}": k8svalidate.validate(o)
-        for o in objects
-        if o["kind"] != "ServiceMonitor"
-    }
-    assert {k: v for k, v in problems.items() if v} == {}
+from tests.support import k8svalidate
+from tests.support.helm import CHART, ROOT, assert_valid, by_kind, container_args, daemonset, render
+from tests.support.helm import sdk as helm
 
 
 def test_lint_has_no_errors() -> None:

@@ -19,42 +19,14 @@ from typing import Any
 import msgspec
 import pytest
 import yaml
-from kubernetes import client
 
 from sim.kubeapi import KubeAPI
-from tests.packaging import k8svalidate
-from tests.packaging.test_helm import ROOT, by_kind, render
 from tests.support import traces
+from tests.support.helm import ROOT, assert_valid, by_kind, render
+from tests.support.helm import SCHEDULER_ON as ON
 from vgpu_scheduler import certgen
 
 pytestmark = pytest.mark.timeout(180)
-
-MODELS = {
-    ("apps/v1", "Deployment"): "V1Deployment",
-    ("batch/v1", "Job"): "V1Job",
-    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): "V1MutatingWebhookConfiguration",
-}
-ON = {"scheduler": {"enabled": True}}
-
-
-def validate(obj: dict[str, Any]) -> list[str]:
-    key = (obj.get("apiVersion"), obj.get("kind"))
-    if key not in MODELS:
-        return k8svalidate.validate(obj)
-    api = client.ApiClient()
-    inst = api._ApiClient__deserialize(obj, MODELS[key])  # type: ignore[attr-defined]
-    problems: list[str] = []
-    k8svalidate._diff(obj, api.sanitize_for_serialization(inst), str(key[1]), problems)
-    return problems
-
-
-def assert_valid(objects: list[dict[str, Any]]) -> None:
-    problems = {
-        f"{o['kind']}/{o['metadata']['name']}": validate(o)
-        for o in objects
-        if not o["apiVersion"].startswith(("cert-manager.io/", "monitoring.coreos.com/"))
-    }
-    assert {k: v for k, v in problems.items() if v} == {}
 
 
 # --- kubescheduler.config.k8s.io/v1 (kubernetes/kube-scheduler config/v1/types.go), the fields we use ---
@@ -220,6 +192,11 @@ def test_flags_parse_with_the_real_parser() -> None:
     wcfg = config_from(hook)
     assert (wcfg.scheduler_name, wcfg.default_gpumem_mib) == ("my-vgpu", 2048)  # same sizing rules
     assert hook.bind == "0.0.0.0:9443" and hook.cert_file.endswith("tls.crt")
+    assert not wcfg.refuse_oversized  # default: oversized pods are admitted and stay Pending
+    on = render({"scheduler": {"enabled": True, "webhook": {"refuseOversized": True}}})
+    assert config_from(
+        parser().parse_args(containers(one(on, "Deployment", "-scheduler"))["vgpu-webhook"]["args"])
+    ).refuse_oversized
     # The webhook process serves /webhook only: no extender verbs on its port, no Lease.
     assert wcfg.serve == "webhook" and not wcfg.leader_elect and not wcfg.follow_lease
     role = one(objects, "Role", "-scheduler-leases")
@@ -407,7 +384,7 @@ def test_scheduler_rbac() -> None:
 
 
 def test_replicas_and_lease_timings() -> None:
-    from tests.packaging.test_helm import helm
+    from tests.support.helm import sdk as helm
     from vgpu_scheduler.__main__ import config_from, parser
 
     dep = one(render(ON), "Deployment", "-scheduler")
@@ -466,7 +443,7 @@ def test_replicas_and_lease_timings() -> None:
     ids=lambda v: json.dumps(v),
 )
 def test_schema_rejects_bad_values(values: dict[str, Any]) -> None:
-    from tests.packaging.test_helm import helm
+    from tests.support.helm import sdk as helm
 
     with pytest.raises(helm.HelmError, match="at '/"):
         render(values)

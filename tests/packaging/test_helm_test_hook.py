@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from tests.libcuda_intercept.support import Node, have_fake
-from tests.packaging.test_helm import by_kind, render
-from tests.packaging.test_helm_scheduler import ON, assert_valid
+from tests.support.helm import SCHEDULER_ON as ON
+from tests.support.helm import assert_valid, by_kind, render
 from vgpu import quantity
 from vgpuctl import cli as ctl
 

@@ -33,6 +33,7 @@ from tests.packaging import pkgbuild
 from tests.support import ctrd, imagebuild, ociimage
 from tests.support import hook as hooksupport
 from tests.support.imagebuild import default_config
+from tests.support.podman import Podman
 
 pytestmark = [
     pytest.mark.root,
@@ -133,16 +134,17 @@ def test_entry_points_run_in_the_image(image: dict[str, Any]) -> None:
         assert r.returncode == 0 and "usage" in r.stdout.lower(), f"{ep}: {r.stderr[-2000:]}"
 
 
-def test_archives_load_in_podman(image: dict[str, Any]) -> None:
+def test_archives_load_in_podman(image: dict[str, Any], podman: Podman) -> None:
+    """Loaded into a podman store of the test's own (never the node's images)."""
     for archive in (image["oci_archive"], image["docker_archive"]):
-        r = subprocess.run(["podman", "load", "-i", archive], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(podman.argv("load", "-i", archive), capture_output=True, text=True, timeout=300)
         try:
             assert r.returncode == 0, r.stderr
             assert image["image"] in r.stdout, r.stdout
-            ins = subprocess.run(["podman", "image", "inspect", image["image"]], capture_output=True, text=True)
+            ins = subprocess.run(podman.argv("image", "inspect", image["image"]), capture_output=True, text=True)
             assert json.loads(ins.stdout)[0]["Config"]["Cmd"] == ["vgpuctl", "--help"]
         finally:
-            subprocess.run(["podman", "rmi", "-f", image["image"]], capture_output=True)
+            subprocess.run(podman.argv("rmi", "-f", image["image"]), capture_output=True)
 
 
 # ---- the daemons through CRI, as the chart runs them ----------------------------------------------
@@ -176,8 +178,8 @@ def node(image: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Ite
 
     from sim.fakegpu import toolkit as fk
     from sim.fakegpu.harness import FakeGPU
-    from tests.packaging.test_helm import render
     from tests.support.cri import api_pb2_grpc as cri_grpc
+    from tests.support.helm import render
 
     why = ctrd.available()
     if why:

@@ -4,16 +4,13 @@ libraries and env appear; an unknown name fails with `unresolvable CDI devices`)
 hooks.d entries of `vgpu-hook hooksd install` running our hook under podman only for a
 container with the token annotation.
 
-podman 4.3 has no CDI spec-dir option: the spec goes to a file of this test's own in
-/var/run/cdi, removed afterwards.  `--rootfs` avoids images; `--ulimit` because root here may
-lack CAP_SYS_RESOURCE."""
+podman runs with the test's own state and CDI directories (tests/support/podman.py: the node's
+/etc/cdi and /var/run/cdi are never read or written).  `--rootfs` avoids images; `--ulimit`
+because root here may lack CAP_SYS_RESOURCE."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,24 +21,15 @@ from node_setup import hookcmd as cli
 from sim.fakegpu import toolkit as tk
 from sim.fakegpu.harness import FakeGPU
 from tests.support import hook as support
+from tests.support.podman import Podman, needs_podman
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.timeout(180),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("podman") is None or not os.path.exists("/bin/busybox"),
-        reason="needs root, podman and busybox-static",
-    ),
+    needs_podman,
 ]
 LIB_DIR = "/usr/local/nvidia/lib64"
-CDI_DIR = Path("/var/run/cdi")
 BURN = "/opt/fakegpu/fakegpu-burn"
-
-
-def podman(rootfs: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    argv = ["podman", "run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024"]
-    argv += ["--ulimit", "nproc=1024:1024", *args[:-1], "--rootfs", str(rootfs), "/bin/sh", "-c", args[-1]]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -50,15 +38,12 @@ def rootfs(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def gpu(tmp_path: Path, build_dir: Path) -> Iterator[FakeGPU]:
+def gpu(tmp_path: Path, build_dir: Path, podman: Podman) -> Iterator[FakeGPU]:
     g = FakeGPU(tmp_path / "fakegpu", build_dir, gpus=2, memory=8 << 30)
-    spec_file = CDI_DIR / f"vgpu-test-{os.getpid()}-{tmp_path.name}.json"
-    CDI_DIR.mkdir(parents=True, exist_ok=True)
-    spec_file.write_text(json.dumps(tk.generate_cdi_spec(g, container_lib_dir=LIB_DIR)))
+    (podman.cdi / "fakegpu.json").write_text(json.dumps(tk.generate_cdi_spec(g, container_lib_dir=LIB_DIR)))
     try:
         yield g
     finally:
-        spec_file.unlink(missing_ok=True)
         g.close()
 
 
@@ -67,9 +52,9 @@ def libs(g: FakeGPU) -> list[str]:
     return [*ro, "-e", f"LD_LIBRARY_PATH={LIB_DIR}"]
 
 
-def test_cdi_device_by_uuid(rootfs: Path, gpu: FakeGPU) -> None:
+def test_cdi_device_by_uuid(rootfs: Path, gpu: FakeGPU, podman: Podman) -> None:
     script = f"ls /dev; env; {BURN} --seconds 0; {BURN} --device 1 --seconds 0; true"
-    r = podman(rootfs, "--device", f"nvidia.com/gpu={gpu.uuids[1]}", *libs(gpu), script)
+    r = podman.run(rootfs, "--device", f"nvidia.com/gpu={gpu.uuids[1]}", *libs(gpu), script)
     assert r.returncode == 0, r.stderr
     words = r.stdout.split()
     assert "nvidia1" in words and "nvidiactl" in words and "nvidia0" not in words
@@ -79,22 +64,22 @@ def test_cdi_device_by_uuid(rootfs: Path, gpu: FakeGPU) -> None:
     assert '"device":1,"init_result":101}' in r.stdout  # CUDA_ERROR_INVALID_DEVICE: no 2nd GPU
 
 
-def test_cdi_all_and_index(rootfs: Path, gpu: FakeGPU) -> None:
-    r = podman(rootfs, "--device", "nvidia.com/gpu=all", *libs(gpu), "ls /dev")
+def test_cdi_all_and_index(rootfs: Path, gpu: FakeGPU, podman: Podman) -> None:
+    r = podman.run(rootfs, "--device", "nvidia.com/gpu=all", *libs(gpu), "ls /dev")
     assert r.returncode == 0, r.stderr
     assert {"nvidia0", "nvidia1", "nvidiactl"} <= set(r.stdout.split())
-    r = podman(rootfs, "--device", "nvidia.com/gpu=0", *libs(gpu), f"{BURN} --seconds 0")
+    r = podman.run(rootfs, "--device", "nvidia.com/gpu=0", *libs(gpu), f"{BURN} --seconds 0")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["uuid"] == gpu.uuids[0]
 
 
-def test_unknown_cdi_name_fails(rootfs: Path, gpu: FakeGPU) -> None:
-    r = podman(rootfs, "--device", "nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000", "echo STARTED")
+def test_unknown_cdi_name_fails(rootfs: Path, gpu: FakeGPU, podman: Podman) -> None:
+    r = podman.run(rootfs, "--device", "nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000", "echo STARTED")
     assert r.returncode != 0 and "STARTED" not in r.stdout
     assert "unresolvable CDI devices nvidia.com/gpu=GPU-00000000-0000-0000-0000-000000000000" in r.stderr
 
 
-def test_hooksd_entry_runs_our_hook_only_with_the_annotation(tmp_path: Path, rootfs: Path) -> None:
+def test_hooksd_entry_runs_our_hook_only_with_the_annotation(tmp_path: Path, rootfs: Path, podman: Podman) -> None:
     state, logs, hooks = tmp_path / "state", tmp_path / "log", tmp_path / "hooks.d"
     lib = support.placeholder_library(tmp_path)
     glob = ["--config", str(tmp_path / "none.toml"), "--state-dir", str(state), "--library-path", str(lib)]
@@ -103,16 +88,18 @@ def test_hooksd_entry_runs_our_hook_only_with_the_annotation(tmp_path: Path, roo
     token = support.write_record(state)
     show = "echo PRELOAD=$(cat /etc/ld.so.preload 2>/dev/null)=; echo STARTED"
     env = ["-e", f"VGPU_ALLOCATION_TOKEN={token}"]
-    r = podman(rootfs, "--hooks-dir", str(hooks), "--annotation", f"vgpu.k8s.io/allocation-token={token}", *env, show)
+    r = podman.run(
+        rootfs, "--hooks-dir", str(hooks), "--annotation", f"vgpu.k8s.io/allocation-token={token}", *env, show
+    )
     assert r.returncode == 0, r.stderr
     assert "STARTED" in r.stdout and "PRELOAD==" not in r.stdout  # our hook mounted the preload list
     assert not (state / "containers").exists() or list((state / "containers").iterdir()) == []  # poststop ran
     # The token in the env only: hooks.d does not match, podman runs no hook of ours.
-    r = podman(rootfs, "--hooks-dir", str(hooks), *env, show)
+    r = podman.run(rootfs, "--hooks-dir", str(hooks), *env, show)
     assert r.returncode == 0, r.stderr
     assert "PRELOAD==" in r.stdout  # (an empty mount target may be left in the shared rootfs)
     # A token without a record: the hook ran and refused the container, in one line.
     bad = "f" * 32
-    r = podman(rootfs, "--hooks-dir", str(hooks), "--annotation", f"vgpu.k8s.io/allocation-token={bad}", show)
+    r = podman.run(rootfs, "--hooks-dir", str(hooks), "--annotation", f"vgpu.k8s.io/allocation-token={bad}", show)
     assert r.returncode != 0 and "STARTED" not in r.stdout
     assert "unknown vGPU allocation token" in r.stderr

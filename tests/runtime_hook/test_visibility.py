@@ -312,15 +312,15 @@ def test_configured_cdi_prefix_refused_through_runc(node: Node) -> None:
 
 
 def test_install_passes_a_configured_prefix(tmp_path: Path) -> None:
-    from node_setup import containerd
     from node_setup import hookcmd as cli
+    from node_setup.hookspec import hook_args
     from runtime_hook import settings
 
     conf = tmp_path / "config.toml"
     conf.write_text('[device_plugin]\ncdi_annotation_prefix = "gpus.example.com/"\n')
     ns = cli.build_parser().parse_args(["--config", str(conf), "containerd", "print", "--without-nvidia-runtime"])
-    args = containerd.resolved_args(ns, cli.load_config(str(conf), {}))
+    args = hook_args(ns.config, cli.load_config(str(conf), {}))
     assert args[-2:] == ["--cdi-annotation-prefix", "gpus.example.com/"]
-    assert "--cdi-annotation-prefix" not in containerd.resolved_args(ns, cli.load_config(str(tmp_path / "none"), {}))
+    assert "--cdi-annotation-prefix" not in hook_args(ns.config, cli.load_config(str(tmp_path / "none"), {}))
     with pytest.raises(ValueError, match="--cdi-annotation-prefix"):
         settings.FlagConfig({"--cdi-annotation-prefix": "../x/"})

@@ -27,6 +27,12 @@ def alloc(n):
     p = ctypes.c_ulonglong()
     rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n))
     return rc, p.value
+# A module image with the simulator's built-in kernels (spin: u64 ns, spin_us: u64 µs, noop):
+# the simulated driver reads images for the kernels they define, as the real one does.
+SPIN_PTX = (b".version 6.0\\n.target sm_50\\n.address_size 64\\n"
+            b".visible .entry spin(.param .u64 a)\\n{\\n ret;\\n}\\n"
+            b".visible .entry spin_us(.param .u64 a)\\n{\\n ret;\\n}\\n"
+            b".visible .entry noop()\\n{\\n ret;\\n}\\n")
 def meminfo():
     f, t = ctypes.c_size_t(), ctypes.c_size_t()
     ck(cu.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t)), "meminfo")

@@ -90,7 +90,7 @@ def test_per_thread_variant_uses_the_per_thread_default_stream(fakegpu: FakeGPU)
         from ctypes import c_uint
         ctx(0)
         mod, fn = c_void_p(), c_void_p()
-        ck(cu.cuModuleLoadData(byref(mod), b"any image"), "load")
+        ck(cu.cuModuleLoadData(byref(mod), SPIN_PTX), "load")
         ck(cu.cuModuleGetFunction(byref(fn), mod, b"spin"), "func")
         launch_t = ctypes.CFUNCTYPE(c_int, c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
                                     c_void_p, ctypes.POINTER(c_void_p), c_void_p)
@@ -421,7 +421,8 @@ d = me()
 res["after_destroy"] = [d["contexts"], d["allocated"]]
 res["destroy_twice"] = cu.cuCtxDestroy_v2(b)
 mod, fn, bad = c_void_p(), c_void_p(), c_void_p()
-ck(cu.cuModuleLoadData(byref(mod), b"\\x7fELF whatever"), "module")
+res["garbage_image"] = cu.cuModuleLoadData(byref(mod), b"\\x7fELF whatever")
+ck(cu.cuModuleLoadData(byref(mod), SPIN_PTX), "module")
 ck(cu.cuModuleGetFunction(byref(fn), mod, b"spin_us"), "spin_us")
 res["unknown_kernel"] = cu.cuModuleGetFunction(byref(bad), mod, b"matmul")
 us = c_ulonglong(20000)
@@ -471,6 +472,7 @@ def test_contexts_streams_events_and_launch_forms(tmp_path: Path, build_dir: Pat
     assert out["after_destroy"] == [1, 0]
     assert out["destroy_twice"] == 201
     assert out["unknown_kernel"] == 500
+    assert out["garbage_image"] == 200  # CUDA_ERROR_INVALID_IMAGE
     assert out["query_busy"] == 600
     assert out["bad_grid"] == 1 and out["bad_block"] == 1 and out["no_params"] == 1
     assert out["query_done"] == 0

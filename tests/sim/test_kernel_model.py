@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sim.fakegpu.harness import FakeGPU
+from tests.support.poll import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,15 +26,6 @@ def proc_dev(state: dict[str, Any], pid: int, index: int = 0) -> dict[str, Any]:
                 if d["index"] == index:
                     return dict(d)
     raise AssertionError(f"pid {pid} not in the state")
-
-
-def wait_until(pred: Any, timeout: float = 30.0, step: float = 0.05) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(step)
-    raise AssertionError("condition not reached")
 
 
 def test_launches_block_on_a_full_queue_and_synchronisation_waits(tmp_path: Path, build_dir: Path) -> None:
@@ -64,7 +56,7 @@ def test_competing_processes_time_slice_fairly(tmp_path: Path, build_dir: Path) 
             except AssertionError:
                 return False
 
-        wait_until(both_queued)
+        wait_for(both_queued, 30)
         s0 = gpu.state()
         time.sleep(1.0)
         s1 = gpu.state()
@@ -85,10 +77,11 @@ def test_queued_kernels_drain_while_the_process_is_stopped(tmp_path: Path, build
     gpu = FakeGPU(tmp_path / "node", build_dir, gpus=1, queue_depth=100)
     try:
         p = gpu.popen([gpu.burn, "--kernel-us", "5000", "--seconds", "30"], stdout=subprocess.PIPE, text=True)
-        wait_until(
+        wait_for(
             lambda: any(
                 q["pid"] == p.pid and q["devices"] and q["devices"][0]["queued"] >= 50 for q in gpu.state()["processes"]
-            )
+            ),
+            30,
         )
         os.kill(p.pid, signal.SIGSTOP)
         try:
@@ -97,7 +90,7 @@ def test_queued_kernels_drain_while_the_process_is_stopped(tmp_path: Path, build
             launched = proc_dev(s0, p.pid)["launched"]
             assert queued > 0
             # the queue (<= 100 x 5 ms) drains with nobody from the process running
-            wait_until(lambda: proc_dev(gpu.state(), p.pid)["queued"] == 0, timeout=20)
+            wait_for(lambda: proc_dev(gpu.state(), p.pid)["queued"] == 0, timeout=20)
             s1 = gpu.state()
             d1 = proc_dev(s1, p.pid)
             assert d1["launched"] == launched  # stopped: no new launches
@@ -108,7 +101,7 @@ def test_queued_kernels_drain_while_the_process_is_stopped(tmp_path: Path, build
         finally:
             os.kill(p.pid, signal.SIGCONT)
         # resumed, it launches again
-        wait_until(lambda: proc_dev(gpu.state(), p.pid)["launched"] > launched)
+        wait_for(lambda: proc_dev(gpu.state(), p.pid)["launched"] > launched, 30)
         p.kill()
     finally:
         gpu.close()
@@ -120,10 +113,11 @@ def test_a_process_holding_memory_killed_with_sigkill_is_reaped(tmp_path: Path, 
         p = gpu.popen(
             [gpu.burn, "--alloc", "2g", "--kernel-us", "1000", "--seconds", "30"], stdout=subprocess.PIPE, text=True
         )
-        wait_until(
+        wait_for(
             lambda: any(
                 q["pid"] == p.pid and q["devices"] and q["devices"][0]["queued"] > 0 for q in gpu.state()["processes"]
-            )
+            ),
+            30,
         )
         assert gpu.state()["devices"][0]["used"] == (2 << 30) + (1 << 20)
         p.kill()
@@ -199,7 +193,7 @@ STOPPED_HOLDER_CLIENT = """
 from ctypes import byref, c_int, c_uint, c_ulonglong, c_void_p
 ctx(0)
 mod, fn = c_void_p(), c_void_p()
-ck(cu.cuModuleLoadData(byref(mod), b"any image"), "load")
+ck(cu.cuModuleLoadData(byref(mod), SPIN_PTX), "load")
 ck(cu.cuModuleGetFunction(byref(fn), mod, b"spin"), "func")
 cu.cuLaunchKernel.argtypes = [c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p,
                               c_void_p, c_void_p]

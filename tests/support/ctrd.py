@@ -88,6 +88,9 @@ def base_config(d: Path, snapshotter: str = "overlayfs") -> str:
     cri["containerd"]["snapshotter"] = snapshotter  # type: ignore[index]
     cri["cni"]["bin_dir"] = str(d / "cni-bin")  # type: ignore[index]
     cri["cni"]["conf_dir"] = str(d / "cni-conf")  # type: ignore[index]
+    # CDI specs of this containerd's own (1.7+ reads them, 2.x by default): never the host's
+    # /etc/cdi or /var/run/cdi, where a GPU node has NVIDIA's (1.6 ignores the key).
+    cri["cdi_spec_dirs"] = [str(d / "cdi")]
     # runc state of this containerd apart from any other.
     opts = cri["containerd"]["runtimes"]["runc"]["options"]  # type: ignore[index]
     opts["Root"] = str(d / "runc")
@@ -220,6 +223,17 @@ class Shape:
         """Every file of the tree (bytes), for byte-for-byte comparisons."""
         base = self.fs(self.hp("/"))
         return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+    def own_cdi_dirs(self, host_path: str) -> None:
+        """Under a prefix, containerd's CDI spec directories (implicitly the host's /etc/cdi and
+        /var/run/cdi) named explicitly under the prefix too, in the CRI section of `host_path`
+        (the file that owns it): containerd 1.7+ reads the shape's specs, never the host's."""
+        if not self.prefix:
+            return
+        doc = tomlkit.parse(self.fs(host_path).read_text())
+        cri = doc["plugins"][CRI]  # type: ignore[index]
+        cri["cdi_spec_dirs"] = [self.hp("/etc/cdi"), self.hp("/var/run/cdi")]  # type: ignore[index]
+        self.fs(host_path).write_text(tomlkit.dumps(doc))
 
     def moved(self, text: str) -> str:
         """A recorded file's host paths moved under the prefix (quoted TOML/JSON/YAML strings)."""
@@ -357,7 +371,9 @@ def make_shape(
         render = toolkit_text or (lambda **kw: fk.toolkit_config_text(None, **kw))
         # toolkit <= 1.17: `auto` meant legacy; the stand-in models 1.20 (auto = jit-cdi), so a node
         # whose runtime runs is given the mode `auto` resolved to on 1.17
-        s.write(s.toolkit_config, render(mode="legacy" if runtime_dir else "auto"))
+        # under a prefix, the runtime's CDI spec dirs too (the default is the host's /etc/cdi, /var/run/cdi)
+        dirs = {"spec_dirs": [s.hp("/etc/cdi"), s.hp("/var/run/cdi")]} if prefix else {}
+        s.write(s.toolkit_config, render(mode="legacy" if runtime_dir else "auto", **dirs))
         doc = tomlkit.parse(base_text or V1_CONFIG)
         ctd = doc["plugins"][CRI]["containerd"]  # type: ignore[index]
         t = _copy(ctd["runtimes"]["runc"])  # type: ignore[index]
@@ -365,6 +381,7 @@ def make_shape(
         ctd["runtimes"]["nvidia"] = t  # type: ignore[index]
         ctd["default_runtime_name"] = "nvidia"
         s.write(s.conf, tomlkit.dumps(doc))
+        s.own_cdi_dirs(s.conf)
         return s
     folder, tk_trace, specs = TRACE_FILES[kind]
     tk_text = s.moved(traces.text(f"{NCT}/{tk_trace}"))
@@ -374,12 +391,14 @@ def make_shape(
     if base_text is None:
         s.write(s.conf, s.moved(traces.text(f"{NCT}/{folder}/etc/containerd/config.toml")))
         s.write(s.dropin, s.moved(traces.text(f"{NCT}/{folder}/etc/containerd/conf.d/99-nvidia.toml")))
+        s.own_cdi_dirs(s.dropin)
         return s
     glob = s.hp("/etc/containerd/conf.d/*.toml")
     main, drop = runtime_configure(base_text, names, set_as_default="nvidia" if operator else None,
                                    cdi=kind in ("n1-cdi", "n3"), dropin_glob=glob)  # fmt: skip
     s.write(s.conf, main)
     s.write(s.dropin, drop)
+    s.own_cdi_dirs(s.dropin)
     return s
 
 

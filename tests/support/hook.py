@@ -96,10 +96,10 @@ def hooks(
 ) -> dict[str, Any]:
     """Hook objects as `vgpu-hook containerd install` writes them (shell=True: with the sh filter);
     `fastpath`: the hook script of another tree (bench-hook's A/B against an earlier version)."""
-    from node_setup import containerd
+    from node_setup.hookspec import hook_entries
 
     gargs = hook_args("x", state_dir=state_dir, library=library, log_dir=log_dir)[4:-1]
-    entries = containerd.hook_entries(python, gargs, 30, str(state_dir) if shell else None, str(fastpath))
+    entries = hook_entries(python, gargs, 30, str(state_dir) if shell else None, str(fastpath))
     return {k: [v] for k, v in entries.items()}
 
 

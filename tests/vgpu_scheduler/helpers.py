@@ -1,58 +1,30 @@
-"""Builders shared by the scheduler tests: inventories, nodes, pods, a running scheduler."""
+"""Builders shared by the scheduler tests: inventories, nodes, pods, a running scheduler (in this
+process, or the real program: start_process)."""
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
+import http.client
+import signal
+import socket
+import ssl
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sim.kubeapi import KubeAPI, node_object, pod_object
+from tests.support.inventory import inventory
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.kube import Kube
 from vgpu_scheduler.server import Service, make_server, serve_in_thread
 
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 MiB = 1 << 20
-
-
-def uuid(node: str, i: int) -> str:
-    return f"GPU-{node}-{i:04d}"
-
-
-def inventory(
-    node: str,
-    n: int = 4,
-    mem_gib: int = 80,
-    split: int = 4,
-    model: str = "NVIDIA A100-SXM4-80GB",
-    numa: list[int] | None = None,
-    unhealthy: tuple[int, ...] = (),
-    heartbeat: float | None = None,
-    scaling: float = 1.0,
-) -> sc.NodeInventory:
-    gpus = [
-        sc.InventoryGPU(
-            uuid=uuid(node, i),
-            index=i,
-            model=model,
-            memory=mem_gib * GiB,
-            memory_schedulable=int(mem_gib * GiB * scaling),
-            cores=100,
-            split_count=split,
-            numa=(numa[i] if numa else -1),
-            health=i not in unhealthy,
-        )
-        for i in range(n)
-    ]
-    return sc.NodeInventory(
-        split_count=split, memory_scaling=scaling, heartbeat=time.time() if heartbeat is None else heartbeat, gpus=gpus
-    )
 
 
 def gpu_node(name: str, **kw: Any) -> dict[str, Any]:
@@ -97,15 +69,6 @@ def state_usage(svc: Service) -> dict[str, dict[str, tuple[int, int, int]]]:
     return _plain(svc.state.usage_copy())
 
 
-def wait_for(cond: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @dataclass
 class Running:
     service: Service
@@ -140,11 +103,39 @@ def start_scheduler(api: KubeAPI, cfg: SchedulerConfig | None = None, wait: bool
     return Running(svc, f"{scheme}://127.0.0.1:{srv.server_address[1]}", [srv])
 
 
-def post(url: str, body: Any) -> tuple[int, Any]:
-    """POST JSON as kube-scheduler or kube-apiserver would; (status, decoded answer), errors too."""
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+def start_process(kc: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
+    """`python -m vgpu_scheduler` (the real program) on a free port; (process, port)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "serving on" not in line:
+        proc.kill()
+        raise AssertionError(line + (proc.stderr.read() if proc.stderr else ""))
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def send_raw(port: int, data: bytes, ctx: ssl.SSLContext | None) -> tuple[int, dict[str, str], bytes]:
+    """Send these bytes as they are (TLS when ctx) and read one HTTP response."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    with sock:
+        conn = ctx.wrap_socket(sock, server_hostname="127.0.0.1") if ctx else sock
+        conn.sendall(data)
+        resp = http.client.HTTPResponse(conn)
+        resp.begin()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()

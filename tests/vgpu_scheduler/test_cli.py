@@ -11,7 +11,9 @@ import urllib.request
 from pathlib import Path
 
 from sim.kubeapi import KubeAPI
-from tests.vgpu_scheduler.helpers import decision_of, gpu_node, post, vgpu_pod, wait_for
+from tests.support.http import post_json, post_ok
+from tests.support.poll import wait_for
+from tests.vgpu_scheduler.helpers import decision_of, gpu_node, start_process, vgpu_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,28 +67,9 @@ def test_process_serves_filter_and_stops_on_sigterm(kubeapi: KubeAPI, tmp_path: 
     kubeapi.create("nodes", gpu_node("n1"))
     pod = kubeapi.create("pods", vgpu_pod("p", mem=4096, cores=30))
     kc = kubeapi.write_kubeconfig(tmp_path / "kubeconfig")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vgpu_scheduler",
-            "--bind",
-            "127.0.0.1:0",
-            "--kubeconfig",
-            str(kc),
-            "--gpu-policy",
-            "binpack",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, port = start_process(kc, "--gpu-policy", "binpack")
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "serving on" in line, line + (proc.stderr.read() if proc.stderr else "")
-        url = "http://" + line.split("serving on ")[1].strip()
+        url = f"http://127.0.0.1:{port}"
 
         def ready() -> bool:
             try:
@@ -96,15 +79,10 @@ def test_process_serves_filter_and_stops_on_sigterm(kubeapi: KubeAPI, tmp_path: 
                 return False
 
         wait_for(ready, 20, "readyz")
-        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": ["n1"]}).encode()
-        req = urllib.request.Request(url + "/filter", body, {"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(req, timeout=10) as r:
-            assert json.loads(r.read())["NodeNames"] == ["n1"]
+        assert post_ok(url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
         assert decision_of(kubeapi, "p") is None  # filter holds its choice in memory: no API write
         bind = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
-        req = urllib.request.Request(url + "/bind", json.dumps(bind).encode(), {}, method="POST")
-        with urllib.request.urlopen(req, timeout=10) as r:
-            assert json.loads(r.read()) == {"Error": ""}
+        assert post_ok(url + "/bind", bind) == {"Error": ""}
         d = decision_of(kubeapi, "p")
         assert d is not None and d.containers[0].gpus[0].cores == 30
         proc.send_signal(signal.SIGTERM)
@@ -113,20 +91,6 @@ def test_process_serves_filter_and_stops_on_sigterm(kubeapi: KubeAPI, tmp_path: 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def _start(kc: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc), *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert "serving on" in line, line + (proc.stderr.read() if proc.stderr else "")
-    return proc, "http://" + line.split("serving on ")[1].strip()
 
 
 def test_chart_modes_as_processes(kubeapi: KubeAPI, tmp_path: Path) -> None:
@@ -149,21 +113,24 @@ def test_chart_modes_as_processes(kubeapi: KubeAPI, tmp_path: Path) -> None:
     kubeapi.create(
         "leases", {"metadata": {"name": "ks", "namespace": "gpu"}, "spec": spec}, "gpu", "coordination.k8s.io/v1"
     )
-    ext, ext_url = _start(kc, "--serve=extender", "--follow-lease=gpu/ks", "--retry-period-s=0.05", "--handover-s=0.1")
-    hook, hook_url = _start(kc, "--serve=webhook")
+    ext, ext_port = start_process(
+        kc, "--serve=extender", "--follow-lease=gpu/ks", "--retry-period-s=0.05", "--handover-s=0.1"
+    )
+    hook, hook_port = start_process(kc, "--serve=webhook")
+    ext_url, hook_url = f"http://127.0.0.1:{ext_port}", f"http://127.0.0.1:{hook_port}"
     try:
         args = {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]}
 
         def served() -> bool:
-            return post(ext_url + "/filter", args)[1].get("NodeNames") == ["n1"]
+            return post_json(ext_url + "/filter", args)[1].get("NodeNames") == ["n1"]
 
         wait_for(served, 20, "the follower serves")
         bind = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
-        assert post(ext_url + "/bind", bind) == (200, {"Error": ""})
+        assert post_json(ext_url + "/bind", bind) == (200, {"Error": ""})
         assert decision_of(kubeapi, "p") is not None
-        code, out = post(hook_url + "/filter", args)
+        code, out = post_json(hook_url + "/filter", args)
         assert code == 404 and "not served here" in str(out["Error"])
-        assert post(ext_url + "/webhook", {})[0] == 404
+        assert post_json(ext_url + "/webhook", {})[0] == 404
         for p in (ext, hook):
             p.send_signal(signal.SIGTERM)
             assert p.wait(15) == 0

@@ -8,16 +8,11 @@ from typing import Any
 
 from sim.kubeapi import KubeAPI, pod_object
 from sim.kubescheduler import ExtenderConfig, KubeScheduler
-from tests.vgpu_scheduler.helpers import GiB, MiB, decision_of, gpu_node, running_scheduler, uuid, vgpu_pod
+from tests.support.http import post_ok
+from tests.support.inventory import uuid
+from tests.vgpu_scheduler.helpers import GiB, MiB, decision_of, gpu_node, running_scheduler, vgpu_pod
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
-
-
-def post(url: str, body: Any) -> Any:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200
-        return json.loads(r.read())
 
 
 def events(api: KubeAPI, pod: str) -> list[str]:
@@ -35,7 +30,7 @@ def test_filter_wire_format_node_names(kubeapi: KubeAPI) -> None:
     pod = kubeapi.create("pods", vgpu_pod("p", mem=30000, cores=30))
     with running_scheduler(kubeapi) as s:
         before = len(kubeapi.requests)
-        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["small", "big", "ghost"]})
+        out = post_ok(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["small", "big", "ghost"]})
         assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
         assert out["NodeNames"] == ["big"] and out["Nodes"] is None and out["Error"] == ""
         # A node was found: kube-scheduler reads no failure reasons then (schedule_one.go).
@@ -43,7 +38,7 @@ def test_filter_wire_format_node_names(kubeapi: KubeAPI) -> None:
         # No API round trip in filter: the choice is held in memory until bind.
         assert [r for r in kubeapi.requests[before:] if "watch=true" not in r[1]] == []
         assert decision_of(kubeapi, "p") is None
-        assert post(s.url + "/bind", bind_args(pod, "big")) == {"Error": ""}
+        assert post_ok(s.url + "/bind", bind_args(pod, "big")) == {"Error": ""}
         d = decision_of(kubeapi, "p")
         assert d is not None and d.node == "big"
         assert [(c.name, c.init, [(g.memory, g.cores) for g in c.gpus]) for c in d.containers] == [
@@ -59,7 +54,7 @@ def test_filter_wire_format_node_names(kubeapi: KubeAPI) -> None:
         assert ann[sc.BIND_PHASE_ANNOTATION] == sc.PHASE_ALLOCATING and int(ann[sc.BIND_TIME_ANNOTATION]) > 0
         # reasons when no node fits: per node, unknown nodes unresolvable
         pod2 = kubeapi.create("pods", vgpu_pod("q", gpu=2, mem=60000))
-        out = post(s.url + "/filter", {"Pod": pod2, "Nodes": None, "NodeNames": ["small", "big", "ghost"]})
+        out = post_ok(s.url + "/filter", {"Pod": pod2, "Nodes": None, "NodeNames": ["small", "big", "ghost"]})
         assert out["NodeNames"] == []
         assert out["FailedNodes"] == {
             "big": f"container main: 1/2 GPUs fit, 2 asked: {uuid('big', 0)}: 51920 MiB free < 60000 MiB asked"
@@ -70,7 +65,7 @@ def test_filter_wire_format_node_names(kubeapi: KubeAPI) -> None:
         }
         # 90000 MiB never fits an 80 GiB GPU, whatever is evicted: preemption cannot help
         pod3 = kubeapi.create("pods", vgpu_pod("r", mem=90000))
-        out = post(s.url + "/filter", {"Pod": pod3, "Nodes": None, "NodeNames": ["big"]})
+        out = post_ok(s.url + "/filter", {"Pod": pod3, "Nodes": None, "NodeNames": ["big"]})
         assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"]["big"].startswith(
             "never fits this node: container main: 0/2 GPUs fit, 1 asked: "
         )
@@ -82,16 +77,16 @@ def test_filter_with_full_nodes_answers_nodes(kubeapi: KubeAPI) -> None:
     pod = kubeapi.create("pods", vgpu_pod("p", mem=10000))
     uid = pod["metadata"]["uid"]
     with running_scheduler(kubeapi) as s:  # neither node exists in the API: the request carries them
-        out = post(s.url + "/filter", {"Pod": pod, "Nodes": {"items": [n1, n2]}, "NodeNames": None})
+        out = post_ok(s.url + "/filter", {"Pod": pod, "Nodes": {"items": [n1, n2]}, "NodeNames": None})
         assert out["NodeNames"] is None
         assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["b"]
         assert s.service.state.reservations[uid].decision.node == "b"
-        out = post(s.url + "/filter", {"Pod": pod, "Nodes": {"items": [n1]}, "NodeNames": None})
+        out = post_ok(s.url + "/filter", {"Pod": pod, "Nodes": {"items": [n1]}, "NodeNames": None})
         assert out["Nodes"]["items"] == []
         assert "8192 MiB free < 10000 MiB asked" in out["FailedAndUnresolvableNodes"]["a"]
     with running_scheduler(kubeapi, SchedulerConfig(simulate_full_nodes=True)) as s:
         pod2 = kubeapi.create("pods", vgpu_pod("q", mem=10000))
-        out = post(s.url + "/filter", {"Pod": pod2, "Nodes": {"items": [n1, n2]}, "NodeNames": None})
+        out = post_ok(s.url + "/filter", {"Pod": pod2, "Nodes": {"items": [n1, n2]}, "NodeNames": None})
         assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["b"]
         assert s.service.state.reservations == {}  # a simulation holds nothing
 
@@ -100,16 +95,16 @@ def test_pod_without_vgpu_passes_through(kubeapi: KubeAPI) -> None:
     kubeapi.create("nodes", gpu_node("a"))
     pod = kubeapi.create("pods", pod_object("plain", [("c", {"cpu": "1"})]))
     with running_scheduler(kubeapi) as s:
-        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["a", "x"]})
+        out = post_ok(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["a", "x"]})
         assert out["NodeNames"] == ["a", "x"] and not out["FailedNodes"]
         assert decision_of(kubeapi, "plain") is None
 
 
 def test_bad_bodies_answer_error_with_200(kubeapi: KubeAPI) -> None:
     with running_scheduler(kubeapi) as s:
-        out = post(s.url + "/filter", {"NodeNames": ["a"]})
+        out = post_ok(s.url + "/filter", {"NodeNames": ["a"]})
         assert out["Error"].startswith("bad ExtenderArgs")
-        out = post(s.url + "/bind", {"PodName": 3})
+        out = post_ok(s.url + "/bind", {"PodName": 3})
         assert out["Error"].startswith("bad ExtenderBindingArgs")
         with urllib.request.urlopen(s.url + "/healthz", timeout=5) as r:
             assert json.loads(r.read()) == {"status": "ok"}
@@ -121,7 +116,7 @@ def test_invalid_request_fails_every_node_with_the_reason(kubeapi: KubeAPI) -> N
     kubeapi.create("nodes", gpu_node("a"))
     pod = kubeapi.create("pods", vgpu_pod("p", annotations={sc.GPU_POLICY_ANNOTATION: "random"}))
     with running_scheduler(kubeapi) as s:
-        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["a"]})
+        out = post_ok(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["a"]})
         assert out["NodeNames"] == []
         assert "must be one of binpack, spread" in out["FailedAndUnresolvableNodes"]["a"]
 
@@ -168,19 +163,19 @@ def test_bind_without_decision_for_that_node_is_refused(kubeapi: KubeAPI) -> Non
     kubeapi.create("nodes", gpu_node("n2"))
     pod = kubeapi.create("pods", vgpu_pod("p"))
     with running_scheduler(kubeapi) as s:
-        out = post(
+        out = post_ok(
             s.url + "/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
         )
         assert "no node" in out["Error"] and "filter again" in out["Error"]
-        f = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1", "n2"]})
+        f = post_ok(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1", "n2"]})
         other = ({"n1", "n2"} - set(f["NodeNames"])).pop()
-        out = post(
+        out = post_ok(
             s.url + "/bind",
             {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": other},
         )
         assert "not " + other in out["Error"]
         assert not kubeapi.get("pods", "p")["spec"].get("nodeName")
-        out = post(
+        out = post_ok(
             s.url + "/bind",
             {"PodName": "p", "PodNamespace": "default", "PodUID": "other-uid", "Node": f["NodeNames"][0]},
         )
@@ -207,11 +202,11 @@ def test_conflicting_write_is_retried_on_a_fresh_pod(kubeapi: KubeAPI) -> None:
     kubeapi.create("nodes", gpu_node("n1"))
     pod = kubeapi.create("pods", vgpu_pod("p", mem=1024))
     with running_scheduler(kubeapi) as s:
-        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})
+        out = post_ok(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})
         assert out["NodeNames"] == ["n1"], out
         kubeapi.patch("pods", "p", {"metadata": {"labels": {"changed": "yes"}}})  # the filter's copy is now stale
         before = len(kubeapi.requests)
-        assert post(s.url + "/bind", bind_args(pod, "n1")) == {"Error": ""}
+        assert post_ok(s.url + "/bind", bind_args(pod, "n1")) == {"Error": ""}
     assert decision_of(kubeapi, "p") is not None
     assert kubeapi.get("pods", "p")["metadata"]["labels"] == {"changed": "yes"}
     assert kubeapi.get("pods", "p")["spec"]["nodeName"] == "n1"
@@ -275,12 +270,12 @@ def test_prioritize_scores_by_policy_and_decided_node_gets_10(kubeapi: KubeAPI) 
         first = ks.schedule_one("default", "first").node
         other = ({"empty", "busy"} - {first}).pop()
         args = {"Pod": vgpu_pod("probe", mem=4000), "Nodes": None, "NodeNames": [first, other, "tiny"]}
-        pack = {h["Host"]: h["Score"] for h in post(s.url + "/prioritize", args)}
+        pack = {h["Host"]: h["Score"] for h in post_ok(s.url + "/prioritize", args)}
         assert set(pack) == {first, other, "tiny"} and pack["tiny"] == 0
         assert 0 < pack[other] < pack[first] <= 10  # binpack: the used node scores higher
         args["Pod"] = vgpu_pod("probe", mem=4000, annotations={sc.NODE_POLICY_ANNOTATION: "spread"})
-        spread = {h["Host"]: h["Score"] for h in post(s.url + "/prioritize", args)}
+        spread = {h["Host"]: h["Score"] for h in post_ok(s.url + "/prioritize", args)}
         assert spread[other] > spread[first]
         decided = kubeapi.get("pods", "first")
-        hp = post(s.url + "/prioritize", {"Pod": decided, "Nodes": None, "NodeNames": [first, other]})
+        hp = post_ok(s.url + "/prioritize", {"Pod": decided, "Nodes": None, "NodeNames": [first, other]})
         assert {h["Host"]: h["Score"] for h in hp}[first] == 10

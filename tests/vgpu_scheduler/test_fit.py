@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tests.vgpu_scheduler.helpers import GiB, MiB, gpu_node, uuid
+from tests.support.inventory import uuid
+from tests.vgpu_scheduler.helpers import GiB, MiB, gpu_node
 from vgpu import scheduling as sc
 from vgpu_scheduler import fit, snapshot
 from vgpu_scheduler.config import SchedulerConfig
@@ -73,7 +74,7 @@ def test_slots_cores_and_exclusive_rules() -> None:
     f = fit.fit_node(v, {g: Use(1 * GiB, 10, 2)}, [req(mem=1)], opts(), CFG)
     assert isinstance(f, fit.Failure) and "2/2 vGPU slots used" in f.reason
     f = fit.fit_node(v, {g: Use(1 * GiB, 80, 1)}, [req(mem=1, cores=30)], opts(), CFG)
-    assert isinstance(f, fit.Failure) and "20% compute free < 30% asked" in f.reason
+    assert isinstance(f, fit.Failure) and "20 percent compute free < 30 percent asked" in f.reason
     f = fit.fit_node(v, {g: Use(1 * GiB, 0, 1)}, [req(mem=1, cores=100)], opts(), CFG)
     assert isinstance(f, fit.Failure) and "whole-GPU compute" in f.reason
     f = fit.fit_node(v, {g: Use(1 * GiB, 100, 1)}, [req(mem=1, cores=0)], opts(), CFG)

@@ -19,19 +19,20 @@ from typing import Any
 
 import pytest
 
+from sim.admission import admission_review
 from sim.kubeapi import KubeAPI, pod_object
 from sim.kubescheduler import ExtenderConfig, KubeScheduler
+from tests.support.http import post_json
+from tests.support.poll import wait_for
 from tests.vgpu_scheduler.helpers import (
     GiB,
     Running,
     api_usage,
     decision_of,
     gpu_node,
-    post,
     start_scheduler,
     state_usage,
     vgpu_pod,
-    wait_for,
 )
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
@@ -147,18 +148,18 @@ def test_service_in_follow_mode_refuses_until_its_kube_scheduler_leads(kubeapi: 
     try:
         args = {"Pod": kubeapi.get("pods", "p"), "Nodes": None, "NodeNames": ["n1"]}
         time.sleep(0.3)  # several polls
-        assert post(r.url + "/filter", args)[1]["Error"] == "vgpu-scheduler: not the leader"
-        code, out = post(r.url + "/bind", {"PodName": "p", "PodNamespace": "default", "Node": "n1"})
+        assert post_json(r.url + "/filter", args)[1]["Error"] == "vgpu-scheduler: not the leader"
+        code, out = post_json(r.url + "/bind", {"PodName": "p", "PodNamespace": "default", "Node": "n1"})
         assert code == 200 and out["Error"] == "vgpu-scheduler: not the leader"
         assert decision_of(kubeapi, "p") is None
         relists = r.service.state.relists
         write_lease(kubeapi, ks_id("sched-a"), 15)
         wait_for(r.service.is_leader, what="serving once its kube-scheduler leads")
         assert r.service.state.relists > relists  # rebuilt from the API before serving
-        out = post(r.url + "/filter", args)[1]
+        out = post_json(r.url + "/filter", args)[1]
         assert out["Error"] == "" and out["NodeNames"] == ["n1"]
         bind = {"PodName": "p", "PodNamespace": "default", "PodUID": args["Pod"]["metadata"]["uid"], "Node": "n1"}
-        assert post(r.url + "/bind", bind)[1] == {"Error": ""}
+        assert post_json(r.url + "/bind", bind)[1] == {"Error": ""}
         assert decision_of(kubeapi, "p") is not None
         # /readyz says who serves
         with urllib.request.urlopen(r.url + "/readyz", timeout=5) as resp:
@@ -304,7 +305,7 @@ def test_failover_mid_stream_of_binds_loses_no_decision_and_over_commits_nothing
 def test_webhook_only_serves_no_extender_verb(kubeapi: KubeAPI) -> None:
     kubeapi.create("nodes", gpu_node("n1", n=1, mem_gib=16, split=4))
     kubeapi.create("pods", vgpu_pod("p", mem=1000))
-    r = start_scheduler(kubeapi, SchedulerConfig(serve="webhook"))
+    r = start_scheduler(kubeapi, SchedulerConfig(serve="webhook", refuse_oversized=True))
     try:
         assert r.service.leader is None  # no Lease at all
         args = {"Pod": kubeapi.get("pods", "p"), "Nodes": None, "NodeNames": ["n1"]}
@@ -314,24 +315,15 @@ def test_webhook_only_serves_no_extender_verb(kubeapi: KubeAPI) -> None:
             ("/bind", {"PodName": "p", "PodNamespace": "default", "Node": "n1"}),
             ("/bind/", {"PodName": "p", "PodNamespace": "default", "Node": "n1"}),
         ):
-            code, out = post(r.url + verb, body)
+            code, out = post_json(r.url + verb, body)
             assert code == 404 and "not served here (--serve webhook)" in out["Error"], verb
         assert decision_of(kubeapi, "p") is None and not kubeapi.get("pods", "p")["spec"].get("nodeName")
         assert r.service.state.pods == {} and r.service.state.nodes  # Nodes only: no pod state
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "u1",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "operation": "CREATE",
-                "namespace": "default",
-                "object": pod_object("big", [("main", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"})]),
-            },
-        }
-        code, out = post(r.url + "/webhook", review)
+        big = pod_object("big", [("main", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"})])
+        review = admission_review(big, "default")
+        code, out = post_json(r.url + "/webhook", review)
         assert code == 200 and out["response"]["allowed"] is False  # sized against the Node view
-        assert "16384" in out["response"]["status"]["message"] or "MiB" in out["response"]["status"]["message"]
+        assert "no GPU has more than 16384 MiB" in out["response"]["status"]["message"]
         with urllib.request.urlopen(r.url + "/readyz", timeout=5) as resp:
             assert json.loads(resp.read())["ready"] is True
     finally:
@@ -341,7 +333,7 @@ def test_webhook_only_serves_no_extender_verb(kubeapi: KubeAPI) -> None:
 def test_extender_only_serves_no_webhook(kubeapi: KubeAPI) -> None:
     r = start_scheduler(kubeapi, SchedulerConfig(serve="extender"))
     try:
-        code, out = post(r.url + "/webhook", {"request": {"uid": "u"}})
+        code, out = post_json(r.url + "/webhook", {"request": {"uid": "u"}})
         assert code == 404 and "--serve extender" in out["Error"]
     finally:
         r.stop()
@@ -381,7 +373,7 @@ def test_lead_lost_before_the_write_writes_nothing(kubeapi: KubeAPI) -> None:
 
         ext.kube.bind = bind  # type: ignore[method-assign]
         pod = kubeapi.get("pods", "p")
-        assert post(r.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})[1]["NodeNames"] == ["n1"]
+        assert post_json(r.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1"]})[1]["NodeNames"] == ["n1"]
         asked: list[int] = []
 
         def first_only() -> bool:  # serving at the request's first check, not at the write
@@ -390,13 +382,13 @@ def test_lead_lost_before_the_write_writes_nothing(kubeapi: KubeAPI) -> None:
 
         ext.is_leader = first_only
         body = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
-        out = post(r.url + "/bind", body)[1]
+        out = post_json(r.url + "/bind", body)[1]
         assert out["Error"] == "vgpu-scheduler: not the leader" and calls == [] and len(asked) == 2
         assert decision_of(kubeapi, "p") is None and api_usage(kubeapi) == {}
         assert not kubeapi.get("pods", "p")["spec"].get("nodeName")
         # serving again: the same choice is written and bound in one write
         ext.is_leader = lambda: True
-        assert post(r.url + "/bind", body)[1] == {"Error": ""} and calls == ["p"]
+        assert post_json(r.url + "/bind", body)[1] == {"Error": ""} and calls == ["p"]
         d = decision_of(kubeapi, "p")
         assert d is not None and kubeapi.get("pods", "p")["spec"]["nodeName"] == "n1"
         assert kubeapi.get("pods", "p")["metadata"]["annotations"][sc.BIND_PHASE_ANNOTATION] == sc.PHASE_ALLOCATING

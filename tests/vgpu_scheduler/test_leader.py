@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
-from typing import Any
-
 from sim.kubeapi import KubeAPI
 from sim.kubescheduler import ExtenderConfig, KubeScheduler
-from tests.vgpu_scheduler.helpers import (
-    GiB,
-    Running,
-    api_usage,
-    gpu_node,
-    start_scheduler,
-    state_usage,
-    vgpu_pod,
-    wait_for,
-)
+from tests.support.http import post_ok
+from tests.support.poll import wait_for
+from tests.vgpu_scheduler.helpers import GiB, Running, api_usage, gpu_node, start_scheduler, state_usage, vgpu_pod
 from vgpu_scheduler.config import SchedulerConfig
 
 
@@ -25,12 +14,6 @@ def cfg(ident: str) -> SchedulerConfig:
     return SchedulerConfig(
         leader_elect=True, identity=ident, lease_duration_s=1.5, renew_deadline_s=1.0, retry_period_s=0.2
     )
-
-
-def post(url: str, body: Any) -> Any:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
 
 
 def leader_of(reps: list[Running]) -> Running:
@@ -48,7 +31,9 @@ def test_one_leader_decides_and_failover_keeps_every_decision(kubeapi: KubeAPI) 
     try:
         lead = leader_of(reps)
         follower = next(r for r in reps if r is not lead)
-        out = post(follower.url + "/filter", {"Pod": kubeapi.get("pods", names[0]), "Nodes": None, "NodeNames": ["n1"]})
+        out = post_ok(
+            follower.url + "/filter", {"Pod": kubeapi.get("pods", names[0]), "Nodes": None, "NodeNames": ["n1"]}
+        )
         assert out["Error"] == "vgpu-scheduler: not the leader"
         ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(lead.url)])
         done = [ks.schedule_one("default", n).status for n in names[:6]]

@@ -14,20 +14,12 @@ from typing import Any
 
 from sim.kubeapi import KubeAPI
 from sim.kubescheduler import ExtenderConfig, KubeScheduler
-from tests.vgpu_scheduler.helpers import (
-    GiB,
-    MiB,
-    Running,
-    decision_of,
-    gpu_node,
-    post,
-    running_scheduler,
-    uuid,
-    vgpu_pod,
-    wait_for,
-)
+from tests.support.http import post_json
+from tests.support.inventory import uuid
+from tests.support.poll import wait_for
+from tests.vgpu_scheduler.helpers import GiB, MiB, Running, decision_of, gpu_node, running_scheduler, vgpu_pod
 from vgpu import scheduling as sc
-from vgpu_scheduler import fit, requests
+from vgpu_scheduler import requests, victims
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.snapshot import GPU, NodeView, Use
 
@@ -96,6 +88,28 @@ def test_a_pod_blocked_by_gpu_memory_evicts_exactly_the_victims_that_help(kubeap
         assert d is not None and [g.uuid for g in d.containers[0].gpus] == [uuid("n1", 1)]
 
 
+def test_one_larger_pod_is_evicted_rather_than_two_smaller(kubeapi: KubeAPI) -> None:
+    """Two 16 GiB GPUs split 4, every slot taken: GPU 0 holds 8192 (started first), 4096, 2048 and
+    2048 MiB, GPU 1 four pods of 4096 MiB. A pod of 8192 MiB at a higher priority evicts exactly
+    the 8192 MiB pod and runs on GPU 0 (a greedy walk from the least important pods evicted two
+    of GPU 1)."""
+    with running_scheduler(kubeapi) as s:
+        ks = KubeScheduler(kubeapi.api_client(), [ExtenderConfig(s.url)])
+        add_node(kubeapi, s, node("n1", n=2, mem_gib=16, split=4))
+        for i, mib in enumerate((8192, 4096, 2048, 2048)):
+            place_low(kubeapi, ks, f"g0-{i}", mib, uuid("n1", 0), f"2026-12-02T07:0{i}:00Z")
+        for i in range(4):
+            place_low(kubeapi, ks, f"g1-{i}", 4096, uuid("n1", 1), f"2026-12-02T07:1{i}:00Z")
+        kubeapi.create("pods", pod("high", 8192, 1000))
+        first = ks.schedule_one("default", "high")
+        assert first.calls == ["preempt"] and (first.victims, first.nominated) == (["g0-0"], "n1"), first.message
+        second = ks.schedule_one("default", "high")
+        assert (second.status, second.node) == ("Scheduled", "n1"), second.message
+        d = decision_of(kubeapi, "high")
+        assert d is not None and [g.uuid for g in d.containers[0].gpus] == [uuid("n1", 0)]
+        assert names(kubeapi) == sorted(["g0-1", "g0-2", "g0-3", "g1-0", "g1-1", "g1-2", "g1-3", "high"])
+
+
 def test_without_the_preempt_verb_kube_scheduler_evicts_a_pod_that_does_not_help(kubeapi: KubeAPI) -> None:
     """The same cluster with an extender configured without preemptVerb: kube-scheduler evicts b on
     its own, and the pod still does not fit."""
@@ -157,7 +171,7 @@ def test_preempt_wire_format_both_node_cache_modes(kubeapi: KubeAPI) -> None:
                 "n2": {"Pods": [{"UID": "whatever"}], "NumPDBViolations": 0},  # 8 GiB GPU: never fits
             },
         }
-        code, out = post(s.url + "/preempt", meta)
+        code, out = post_json(s.url + "/preempt", meta)
         assert code == 200
         assert out == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": uid["c"]}], "NumPDBViolations": 1}}}
         full = {
@@ -165,17 +179,17 @@ def test_preempt_wire_format_both_node_cache_modes(kubeapi: KubeAPI) -> None:
             "NodeNameToVictims": {"n1": {"Pods": [kubeapi.get("pods", "b")], "NumPDBViolations": 0}},
             "NodeNameToMetaVictims": None,
         }
-        assert post(s.url + "/preempt", full) == (
+        assert post_json(s.url + "/preempt", full) == (
             200,
             {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": uid["c"]}], "NumPDBViolations": 0}}},
         )
         # a pod of equal or higher priority is never named
         mid = kubeapi.create("pods", pod("mid", 12288, 100))
-        assert post(s.url + "/preempt", {**meta, "Pod": mid})[1] == {"NodeNameToMetaVictims": {}}
-        assert post(s.url + "/preempt", {"Pod": 3})[0] == 400
+        assert post_json(s.url + "/preempt", {**meta, "Pod": mid})[1] == {"NodeNameToMetaVictims": {}}
+        assert post_json(s.url + "/preempt", {"Pod": 3})[0] == 400
     with running_scheduler(kubeapi, SchedulerConfig(leader_elect=True, lease_duration_s=60)) as s2:
         s2.service.extender.is_leader = lambda: False
-        code, out = post(s2.url + "/preempt", meta)
+        code, out = post_json(s2.url + "/preempt", meta)
         assert code == 503 and out["Error"] == "vgpu-scheduler: not the leader"
 
 
@@ -185,11 +199,11 @@ def view(n: int = 2, mem_gib: int = 16, slots: int = 4) -> NodeView:
     return NodeView("n", gpus, totals=(n * mem_gib * GiB, n * 100, n * slots))
 
 
-def holder(uid: str, prio: int, start: str, held: dict[str, tuple[int, int]], deleting: bool = False) -> fit.Holder:
-    return fit.Holder(uid, prio, start, deleting, {g: Use(m * MiB, c, 1) for g, (m, c) in held.items()})
+def holder(uid: str, prio: int, start: str, held: dict[str, tuple[int, int]], deleting: bool = False) -> victims.Holder:
+    return victims.Holder(uid, prio, start, deleting, {g: Use(m * MiB, c, 1) for g, (m, c) in held.items()})
 
 
-def used_by(*hs: fit.Holder) -> dict[str, Use]:
+def used_by(*hs: victims.Holder) -> dict[str, Use]:
     out: dict[str, Use] = {}
     for h in hs:
         for g, u in h.held.items():
@@ -210,27 +224,27 @@ def test_select_victims_rules() -> None:
     b = holder("b", 100, "2026-12-02T07:02:00Z", {"G0": (8192, 10)})
     c = holder("c", 100, "2026-12-02T07:00:00Z", {"G1": (12288, 10)})
     v = view()
-    got = fit.select_victims(v, used_by(a, b, c), [a, b, c], [], reqs(12288), OPTS, CFG)
+    got = victims.select_victims(v, used_by(a, b, c), [a, b, c], [], reqs(12288), OPTS, CFG)
     assert [h.uid for h in got or []] == ["c"]
     # a lower priority wins over fewer pods: two pods of priority 10 rather than one of 100
     a10, b10 = (holder(h.uid, 10, h.start, {"G0": (8192, 10)}) for h in (a, b))
-    got = fit.select_victims(v, used_by(a10, b10, c), [a10, b10, c], [], reqs(12288), OPTS, CFG)
+    got = victims.select_victims(v, used_by(a10, b10, c), [a10, b10, c], [], reqs(12288), OPTS, CFG)
     assert [h.uid for h in got or []] == ["a", "b"]  # most important first (a started earlier)
     # a terminating pod costs nothing
     cd = holder("c", 100, c.start, {"G1": (12288, 10)}, deleting=True)
-    got = fit.select_victims(v, used_by(a10, b10, cd), [a10, b10, cd], [], reqs(12288), OPTS, CFG)
+    got = victims.select_victims(v, used_by(a10, b10, cd), [a10, b10, cd], [], reqs(12288), OPTS, CFG)
     assert [h.uid for h in got or []] == ["c"]
     # reprieve: evicting b alone is enough when 8192 MiB are asked
-    got = fit.select_victims(v, used_by(a, b, c), [a, b, c], [], reqs(8192), OPTS, CFG)
+    got = victims.select_victims(v, used_by(a, b, c), [a, b, c], [], reqs(8192), OPTS, CFG)
     assert [h.uid for h in got or []] == ["b"]
     # nothing to evict helps: too large for any GPU, or the space is held by pods not evictable
-    assert fit.select_victims(v, used_by(a, b, c), [a, b, c], [], reqs(20000), OPTS, CFG) is None
-    assert fit.select_victims(v, used_by(a, b, c), [a], [], reqs(12288), OPTS, CFG) is None
+    assert victims.select_victims(v, used_by(a, b, c), [a, b, c], [], reqs(20000), OPTS, CFG) is None
+    assert victims.select_victims(v, used_by(a, b, c), [a], [], reqs(12288), OPTS, CFG) is None
     # fits already: no GPU victim; a victim kube-scheduler needs for another resource stays
     cpu = holder("cpu-hog", 50, "", {})
-    assert fit.select_victims(v, used_by(a, c), [a, c], [], reqs(4096), OPTS, CFG) is None
-    got = fit.select_victims(v, used_by(a, c), [a, c], [cpu], reqs(4096), OPTS, CFG)
+    assert victims.select_victims(v, used_by(a, c), [a, c], [], reqs(4096), OPTS, CFG) is None
+    got = victims.select_victims(v, used_by(a, c), [a, c], [cpu], reqs(4096), OPTS, CFG)
     assert [h.uid for h in got or []] == ["cpu-hog"]
     # two GPUs asked: both must be cleared enough
-    got = fit.select_victims(v, used_by(a, b, c), [a, b, c], [], reqs(8192, count=2), OPTS, CFG)
+    got = victims.select_victims(v, used_by(a, b, c), [a, b, c], [], reqs(8192, count=2), OPTS, CFG)
     assert sorted(h.uid for h in got or []) == ["b", "c"]

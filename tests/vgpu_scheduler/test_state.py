@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from typing import Any
 
 from sim.kubeapi import KubeAPI, pod_object
 from sim.kubescheduler import ExtenderConfig, KubeScheduler
+from tests.support.http import post_ok
+from tests.support.inventory import uuid
+from tests.support.poll import wait_for
 from tests.vgpu_scheduler.helpers import (
     GiB,
     MiB,
@@ -17,18 +18,10 @@ from tests.vgpu_scheduler.helpers import (
     running_scheduler,
     start_scheduler,
     state_usage,
-    uuid,
     vgpu_pod,
-    wait_for,
 )
 from vgpu import scheduling as sc
 from vgpu_scheduler import snapshot
-
-
-def post(url: str, body: Any) -> Any:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
 
 
 def schedule_all(ks: KubeScheduler, names: list[str]) -> dict[str, str]:
@@ -94,7 +87,7 @@ def test_restart_mid_stream_loses_nothing(kubeapi: KubeAPI) -> None:
     first = schedule_all(ks, names[:12])
     # a decision written by filter whose bind never came (the scheduler died in between)
     pod = kubeapi.get("pods", names[12])
-    post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1", "n2"]})
+    post_ok(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["n1", "n2"]})
     s.stop()
     # while it is down: deletions, a failure, new pods
     kubeapi.delete("pods", names[0])
@@ -144,11 +137,11 @@ def test_node_whose_plugin_died_or_went_stale_offers_nothing(kubeapi: KubeAPI) -
     with running_scheduler(kubeapi) as s:
         kubeapi.patch("nodes", "dead", {"status": {"allocatable": {"nvidia.com/gpu": "0"}}})
         wait_for(lambda: s.service.state.nodes["dead"].allocatable == 0, what="node update")
-        out = post(
+        out = post_ok(
             s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["dead", "stale", "live", "bad", "none"]}
         )
         assert out["NodeNames"] == ["live"]
-        out = post(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["dead", "stale", "bad", "none"]})
+        out = post_ok(s.url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["dead", "stale", "bad", "none"]})
         assert out["NodeNames"] == []
         un = out["FailedAndUnresolvableNodes"]
         assert "device plugin not registered" in un["dead"]

@@ -11,35 +11,26 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
-from sim.kubeapi import KubeAPI, node_object, pod_object, use_kubeconfig
+from sim.kubeapi import KubeAPI, pod_object
 from sim.kubelet import FakeKubelet
 from sim.kubescheduler import ExtenderConfig, KubeScheduler
-from tests.device_plugin.conftest import InProc, inproc, kubelet, synthetic_gpus  # noqa: F401 - fixtures
-from tests.vgpu_scheduler.helpers import GiB, MiB, api_usage, running_scheduler, state_usage, vgpu_pod, wait_for
+from tests.device_plugin.conftest import NODE, InProc, api, inproc, kubelet, synthetic_gpus  # noqa: F401 - fixtures
+from tests.support.poll import wait_for
+from tests.vgpu_scheduler.helpers import GiB, MiB, api_usage, running_scheduler, state_usage, vgpu_pod
 from vgpu import scheduling as sc
 from vgpu_scheduler import snapshot
 from vgpuctl import cluster
 
 pytestmark = pytest.mark.timeout(180)
-NODE = "node-a"
 [GPU] = synthetic_gpus(1, 16 * GiB)
 
 
-@pytest.fixture
-def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeAPI]:
-    with KubeAPI() as a:
-        a.create("nodes", node_object(NODE, gpus=8))
-        use_kubeconfig(monkeypatch, a.write_kubeconfig(tmp_path / "kubeconfig"))
-        yield a
-
-
 def test_slices_without_a_decision_are_counted_and_no_gpu_is_over_committed(
-    api: KubeAPI,
+    api: KubeAPI,  # noqa: F811
     kubelet: FakeKubelet,  # noqa: F811
     inproc: Callable[..., InProc],  # noqa: F811
 ) -> None:
@@ -87,7 +78,7 @@ def test_slices_without_a_decision_are_counted_and_no_gpu_is_over_committed(
 
 
 def test_a_node_full_of_ended_pods_lingering_records_admits_a_new_pod(
-    api: KubeAPI,
+    api: KubeAPI,  # noqa: F811
     kubelet: FakeKubelet,  # noqa: F811
     inproc: Callable[..., InProc],  # noqa: F811
 ) -> None:

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import base64
-import http.client
 import json
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +13,21 @@ from typing import Any
 
 import pytest
 
-from sim.admission import verify_admission_response
+from sim.admission import admission_review, verify_admission_response
 from sim.kubeapi import KubeAPI, apply_json_patch, pod_object
 from tests.support import traces
-from tests.vgpu_scheduler.helpers import MiB, Running, decision_of, gpu_node, running_scheduler, wait_for
+from tests.support.http import post_ok
+from tests.support.poll import wait_for
+from tests.vgpu_scheduler.helpers import (
+    MiB,
+    Running,
+    decision_of,
+    gpu_node,
+    running_scheduler,
+    send_raw,
+    start_process,
+    stop_process,
+)
 from vgpu import scheduling as sc
 from vgpu_scheduler.config import SchedulerConfig
 
@@ -65,26 +72,23 @@ def hook(tls: dict[str, str]) -> Iterator[Running]:
             yield s
 
 
+@pytest.fixture(scope="module")
+def refusing_hook(tls: dict[str, str]) -> Iterator[Running]:
+    """The webhook with refuse_oversized (the chart's scheduler.webhook.refuseOversized: true)."""
+    with KubeAPI() as api:
+        api.create("nodes", gpu_node("n1", n=4, mem_gib=80))
+        api.create("nodes", gpu_node("n2", n=2, mem_gib=40))
+        with running_scheduler(api, SchedulerConfig(refuse_oversized=True), **tls) as s:
+            yield s
+
+
 def admit(s: Running, pod: dict[str, Any], tls: dict[str, str] | None = None, op: str = "CREATE") -> dict[str, Any]:
     ctx = ssl.create_default_context(cafile=(tls or {}).get("cert_file"))
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "req-1",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "operation": op,
-            "namespace": "default",
-            "object": pod,
-        },
-    }
-    req = urllib.request.Request(
-        s.url + "/webhook", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
-        out = json.loads(r.read())
+    body = admission_review(pod, "default")  # as kube-apiserver sends it
+    body["request"]["operation"] = op
+    out = post_ok(s.url + "/webhook", body, context=ctx)
     assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
-    assert out["response"]["uid"] == "req-1"
+    assert out["response"]["uid"] == body["request"]["uid"]
     return out["response"]
 
 
@@ -157,12 +161,6 @@ def test_other_schedulers_and_plain_pods_are_left_alone(hook: Running, tls: dict
 @pytest.mark.parametrize(
     ("limits", "annotations", "why"),
     [
-        (
-            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "90000"},
-            {},
-            "90000 MiB per GPU asked; no GPU has more than 81920 MiB",
-        ),
-        ({"nvidia.com/gpu": "5"}, {}, "5 GPUs asked; no node offers more than 4"),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1", "nvidia.com/gpumem-percentage": "5"}, {}, "exclusive"),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "101"}, {}, "must be 1..100"),
         ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "120"}, {}, "must be 0..100"),
@@ -182,6 +180,35 @@ def test_rejected_with_why(
     resp = admit(hook, pod_object("p", [("a", limits)], annotations=annotations), tls)
     assert resp["allowed"] is False
     assert why in resp["status"]["message"], resp["status"]["message"]
+
+
+OVERSIZED = [
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "90000"}, "90000 MiB per GPU asked; no GPU has more than 81920 MiB"),
+    ({"nvidia.com/gpu": "5"}, "5 GPUs asked; no node offers more than 4"),
+]
+
+
+@pytest.mark.parametrize(("limits", "why"), OVERSIZED)
+def test_sizes_no_gpu_has_today_are_admitted_by_default(
+    hook: Running, tls: dict[str, str], limits: dict[str, str], why: str
+) -> None:
+    """More MiB than any GPU, more GPUs than any node: admitted and sent to the scheduler (they stay
+    Pending with the extender's reason, where an autoscaler sees them)."""
+    pod = pod_object("p", [("a", limits)])
+    out = applied(pod, admit(hook, pod, tls))
+    assert out["spec"]["schedulerName"] == "vgpu-scheduler"
+
+
+@pytest.mark.parametrize(("limits", "why"), OVERSIZED)
+def test_sizes_no_gpu_has_today_are_refused_when_asked_to(
+    refusing_hook: Running, tls: dict[str, str], limits: dict[str, str], why: str
+) -> None:
+    resp = admit(refusing_hook, pod_object("p", [("a", limits)]), tls)
+    assert resp["allowed"] is False
+    assert why in resp["status"]["message"], resp["status"]["message"]
+    assert "%" not in resp["status"]["message"]
+    resp = admit(refusing_hook, pod_object("p", [("a", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"})]), tls)
+    assert resp["allowed"] is True
 
 
 def test_valid_annotations_in_both_spellings_pass(hook: Running, tls: dict[str, str]) -> None:
@@ -227,44 +254,6 @@ WEBHOOK_TRACES = [
     "webhook/c-no-gpu.json",
     "webhook/d-job-created-pod-generateName.json",
 ]
-
-
-def start_process(kc: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
-    """`python -m vgpu_scheduler` (the real program) on a free port; (process, port)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc), *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "serving on" not in line:
-        proc.kill()
-        raise AssertionError(line + (proc.stderr.read() if proc.stderr else ""))
-    return proc, int(line.rsplit(":", 1)[1])
-
-
-def stop_process(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def send_raw(port: int, data: bytes, ctx: ssl.SSLContext | None) -> tuple[int, dict[str, str], bytes]:
-    """Send these bytes as they are (TLS when ctx) and read one HTTP response."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
-    with sock:
-        conn = ctx.wrap_socket(sock, server_hostname="127.0.0.1") if ctx else sock
-        conn.sendall(data)
-        resp = http.client.HTTPResponse(conn)
-        resp.begin()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +21,9 @@ import yaml
 
 from sim.kubeapi import KubeAPI
 from tests.support import traces
-from tests.vgpu_scheduler.helpers import gpu_node, wait_for
-from tests.vgpu_scheduler.test_webhook import send_raw, start_process, stop_process
+from tests.support.http import post_json
+from tests.support.poll import wait_for
+from tests.vgpu_scheduler.helpers import gpu_node, send_raw, start_process, stop_process
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk is a dev dependency (make venv)")
 
@@ -32,7 +31,7 @@ NS = "kube-system"
 
 
 def _render(values: dict[str, Any]) -> dict[str, Any]:
-    from tests.packaging.test_helm import render
+    from tests.support.helm import render
 
     [mwc] = [o for o in render(values, namespace=NS) if o["kind"] == "MutatingWebhookConfiguration"]
     return mwc
@@ -55,17 +54,7 @@ def _recorded_pods() -> dict[str, dict[str, Any]]:
 
 def _post(api: KubeAPI, pod: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """Create through the stand-in's HTTP API, as kubectl would."""
-    req = urllib.request.Request(
-        f"{api.url}/api/v1/namespaces/default/pods",
-        json.dumps(pod).encode(),
-        {"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(f"{api.url}/api/v1/namespaces/default/pods", pod, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -206,15 +195,8 @@ def test_quantities_as_the_real_api_server(tmp_path: Path) -> None:
                 body = f'{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "{name}"}}, '
                 body += f'"spec": {{"containers": [{container}]}}}}'
 
-                req = urllib.request.Request(
-                    f"{api.url}/api/v1/namespaces/default/pods", body.encode(), {"Content-Type": "application/json"}
-                )
                 seen.clear()
-                try:
-                    with urllib.request.urlopen(req, timeout=30) as r:
-                        code, out = r.status, json.loads(r.read())
-                except urllib.error.HTTPError as e:
-                    code, out = e.code, json.loads(e.read())
+                code, out = post_json(f"{api.url}/api/v1/namespaces/default/pods", body, timeout=30)
                 assert code == case["http_status"], (case, out)
                 [obj] = seen
                 assert obj["spec"]["containers"][0]["resources"] == case["mutating_webhook_saw_resources"]

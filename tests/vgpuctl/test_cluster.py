@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sim.kubeapi import KubeAPI, node_object, pod_object
+from tests.support.inventory import inventory
 from vgpu import scheduling as sc
 from vgpuctl import cluster as vcluster
 
@@ -21,29 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 GiB = 1 << 30
 A0, A1, B0 = "GPU-aaaa0000", "GPU-aaaa0001", "GPU-bbbb0000"
-
-
-def inventory(uuids: list[str], heartbeat: float, healthy: bool = True) -> str:
-    return sc.encode(
-        sc.NodeInventory(
-            split_count=4,
-            heartbeat=heartbeat,
-            gpus=[
-                sc.InventoryGPU(
-                    uuid=u,
-                    index=i,
-                    model="NVIDIA A100-SXM4-80GB",
-                    memory=80 * GiB,
-                    memory_schedulable=80 * GiB,
-                    cores=100,
-                    split_count=4,
-                    numa=0,
-                    health=healthy,
-                )
-                for i, u in enumerate(uuids)
-            ],
-        )
-    )
 
 
 def decided(
@@ -77,8 +55,22 @@ def decided(
 def cluster(tmp_path: Path) -> Iterator[tuple[KubeAPI, Path]]:
     with KubeAPI() as api:
         now = time.time()
-        api.create("nodes", node_object("node-a", {sc.INVENTORY_ANNOTATION: inventory([A0, A1], now)}, gpus=8))
-        api.create("nodes", node_object("node-b", {sc.INVENTORY_ANNOTATION: inventory([B0], now - 600)}, gpus=4))
+        api.create(
+            "nodes",
+            node_object(
+                "node-a",
+                {sc.INVENTORY_ANNOTATION: sc.encode(inventory(uuids=[A0, A1], heartbeat=now, numa=[0, 0]))},
+                gpus=8,
+            ),
+        )
+        api.create(
+            "nodes",
+            node_object(
+                "node-b",
+                {sc.INVENTORY_ANNOTATION: sc.encode(inventory(uuids=[B0], heartbeat=now - 600, numa=[0]))},
+                gpus=4,
+            ),
+        )
         api.create("nodes", node_object("cpu-only"))
         decided(api, "train", "node-a", [("main", False, [(A0, 8192 * MiB, 30)])])
         # init 2 GiB/50 %, app containers 1 + 3 GiB and 10 + 20 %: effective max(init, sum) per dimension

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from node_setup import hookcmd as cli
-from node_setup.nodetype import Root
+from node_setup.nodetype.root import Root
 from tests.support import ctrd
 from vgpuctl import cli as ctl
 from vgpuctl import doctor

@@ -310,7 +310,7 @@ class Demo:
     # ---- 3. containers ------------------------------------------------------------------------
 
     def _hooks(self) -> dict[str, Any]:
-        from node_setup import containerd
+        from node_setup.hookspec import hook_entries
 
         lib = self.build / "libvgpu.so"
         gargs = [
@@ -325,7 +325,7 @@ class Demo:
             "--log-level",
             "info",
         ]
-        entries = containerd.hook_entries(sys.executable, gargs, 30, str(self.state_dir))
+        entries = hook_entries(sys.executable, gargs, 30, str(self.state_dir))
         return {kind: [entry] for kind, entry in entries.items()}
 
     def _script(self, pod: Pod) -> str:
@@ -363,10 +363,11 @@ sleep 600
             flags: dict[str, Any] = {"container_lib_dir": CTR_LIB_DIR}
             if self.strategy == "volume-mounts":  # NVIDIA's "preventing unprivileged access" setup
                 flags.update(accept_volume_mounts=True, accept_envvar_unprivileged=False)
+            spec_dir = self.work / "cdi"  # the demo's own: never the node's /etc/cdi, /var/run/cdi
+            spec_dir.mkdir(parents=True, exist_ok=True)
+            flags["spec_dirs"] = [spec_dir]
             if self.strategy.startswith("cdi"):
-                spec_dir = self.work / "cdi"
                 toolkit.write_cdi_spec(spec_dir, self.gpu, container_lib_dir=CTR_LIB_DIR)
-                flags["spec_dirs"] = [spec_dir]
             cfg = toolkit.write_toolkit_config(self.work / "toolkit" / "config.toml", self.gpu, **flags)
             env["NVIDIA_CTK_CONFIG_FILE_PATH"] = str(cfg)  # as containerd's environment would carry it
             return str(toolkit.RUNTIME), env, f"the simulated toolkit's nvidia-container-runtime ({cfg})"

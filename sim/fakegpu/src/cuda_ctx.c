@@ -24,6 +24,10 @@ struct fg_ctx *fg_current(CUresult *err)
         *err = CUDA_ERROR_INVALID_CONTEXT;
         return NULL;
     }
+    if (!c->active) {
+        *err = CUDA_ERROR_CONTEXT_IS_DESTROYED; /* a released primary context */
+        return NULL;
+    }
     if (fg_dev_lost(c->dev)) {
         *err = CUDA_ERROR_DEVICE_UNAVAILABLE;
         return NULL;
@@ -41,18 +45,26 @@ static struct fg_ctx *ctx_new(int dev, int primary, unsigned flags)
             c->dev = dev;
             c->primary = primary;
             c->flags = flags;
+            c->active = 1;
+            static unsigned long long next_id;
+            c->id = ++next_id;
             return c;
         }
     }
     return NULL;
 }
 
-/* Tears a context down: waits for its device work, frees its allocations, uncharges it. */
+/* Tears a context down: waits for its device work, frees its allocations, uncharges it.  A
+ * primary context's handle stays valid (inactive): the runtime keeps it (CUDART_INTERFACE[2]) and
+ * retaining the primary context again gives the same handle. */
 static void ctx_teardown(struct fg_ctx *c)
 {
     fg_wait_idle(c->dev, -1);
     fg_alloc_free_ctx(c);
     fg_ctx_charge(c->dev, -1);
+    c->active = 0;
+    if (c->primary)
+        return;
     for (int i = 0; i < tls_depth; i++)
         if (tls_stack[i] == c)
             tls_stack[i] = NULL;
@@ -114,6 +126,9 @@ FG_API CUresult cuCtxDestroy_v2(CUcontext ctx)
     CUresult rc = fg_check_init();
     if (rc)
         return rc;
+    if (!fg_ctx_valid(ctx) || ctx->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fg_cls_ctx_destroyed(ctx);
     pthread_mutex_lock(&fg_drv.mu);
     if (!fg_ctx_valid(ctx) || ctx->primary) {
         pthread_mutex_unlock(&fg_drv.mu);
@@ -124,6 +139,34 @@ FG_API CUresult cuCtxDestroy_v2(CUcontext ctx)
     /* pop it if it is this thread's current context */
     while (tls_depth > 0 && tls_stack[tls_depth - 1] == NULL)
         tls_depth--;
+    return CUDA_SUCCESS;
+}
+
+/* The primary context's handle of physical device p, made (inactive, uncharged) if needed; under mu. */
+static struct fg_ctx *primary_handle(int p)
+{
+    if (fg_drv.primary_idx[p] >= 0)
+        return &fg_drv.ctxs[fg_drv.primary_idx[p]];
+    struct fg_ctx *c = ctx_new(p, 1, fg_drv.primary_flags[p]);
+    if (!c)
+        return NULL;
+    c->active = 0;
+    fg_drv.primary_idx[p] = (int)(c - fg_drv.ctxs);
+    return c;
+}
+
+CUresult fg_primary_ctx_handle(CUcontext *pctx, CUdevice dev)
+{
+    CUresult rc = fg_check_dev(dev);
+    if (rc)
+        return rc;
+    int p = fg_phys(dev);
+    pthread_mutex_lock(&fg_drv.mu);
+    struct fg_ctx *c = primary_handle(p);
+    pthread_mutex_unlock(&fg_drv.mu);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pctx = c;
     return CUDA_SUCCESS;
 }
 
@@ -138,21 +181,19 @@ FG_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     if (fg_dev_lost(p))
         return CUDA_ERROR_DEVICE_UNAVAILABLE;
     pthread_mutex_lock(&fg_drv.mu);
-    if (fg_drv.primary_refs[p] == 0) {
+    struct fg_ctx *c = primary_handle(p);
+    if (!c)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (fg_drv.primary_refs[p] == 0) {
         rc = fg_ctx_charge(p, +1);
         if (rc == CUDA_SUCCESS) {
-            struct fg_ctx *c = ctx_new(p, 1, fg_drv.primary_flags[p]);
-            if (!c) {
-                fg_ctx_charge(p, -1);
-                rc = CUDA_ERROR_OUT_OF_MEMORY;
-            } else {
-                fg_drv.primary_idx[p] = (int)(c - fg_drv.ctxs);
-            }
+            c->active = 1;
+            c->flags = fg_drv.primary_flags[p];
         }
     }
     if (rc == CUDA_SUCCESS) {
         fg_drv.primary_refs[p]++;
-        *pctx = &fg_drv.ctxs[fg_drv.primary_idx[p]];
+        *pctx = c;
     }
     pthread_mutex_unlock(&fg_drv.mu);
     return rc;
@@ -169,13 +210,19 @@ static CUresult primary_release(CUdevice dev, int reset)
         pthread_mutex_unlock(&fg_drv.mu);
         return reset ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
     }
-    if (reset)
-        fg_drv.primary_refs[p] = 0;
-    else
-        fg_drv.primary_refs[p]--;
-    if (fg_drv.primary_refs[p] == 0) {
-        ctx_teardown(&fg_drv.ctxs[fg_drv.primary_idx[p]]);
-        fg_drv.primary_idx[p] = -1;
+    struct fg_ctx *c = &fg_drv.ctxs[fg_drv.primary_idx[p]];
+    int last = reset || fg_drv.primary_refs[p] == 1;
+    pthread_mutex_unlock(&fg_drv.mu);
+    if (last)
+        fg_cls_ctx_destroyed(c); /* the runtime's destructors, outside the driver's lock */
+    pthread_mutex_lock(&fg_drv.mu);
+    if (fg_drv.primary_refs[p] > 0) {
+        if (reset)
+            fg_drv.primary_refs[p] = 0;
+        else
+            fg_drv.primary_refs[p]--;
+        if (fg_drv.primary_refs[p] == 0)
+            ctx_teardown(c);
     }
     pthread_mutex_unlock(&fg_drv.mu);
     return CUDA_SUCCESS;
@@ -368,4 +415,27 @@ FG_API CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
     if (greatest)
         *greatest = -5;
     return CUDA_SUCCESS;
+}
+
+CUresult fg_ctx_id(CUcontext ctx, unsigned long long *id)
+{
+    CUresult rc;
+    if (!ctx) {
+        if (!(ctx = fg_current(&rc)))
+            return rc;
+    } else if ((rc = fg_check_init())) {
+        return rc;
+    } else if (!fg_ctx_valid(ctx)) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    *id = ctx->id;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 12.0 */
+FG_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+    if (!id)
+        return CUDA_ERROR_INVALID_VALUE;
+    return fg_ctx_id(ctx, id);
 }

@@ -213,7 +213,7 @@ FG_API CUresult cuMemFree_v2(CUdeviceptr ptr)
         return CUDA_SUCCESS;
     struct fg_alloc a;
     if (fg_alloc_find(ptr, 0, &a) != 0 || a.ptr != ptr || a.kind == FG_ALLOC_HOST || a.kind == FG_ALLOC_VA ||
-        a.kind == FG_ALLOC_ASYNC)
+        a.kind == FG_ALLOC_ASYNC || a.kind == FG_ALLOC_MODULE)
         return CUDA_ERROR_INVALID_VALUE;
     if (fg_alloc_remove(ptr, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -306,7 +306,7 @@ FG_API CUresult cuMemFreeHost(void *p)
 
 /* --- copies and sets ---------------------------------------------------------------------- */
 
-static CUresult check_dev_range(CUdeviceptr p, size_t n)
+CUresult fg_check_dev_range(CUdeviceptr p, size_t n)
 {
     struct fg_alloc a;
     if (fg_alloc_find(p, n, &a) != 0 || a.kind == FG_ALLOC_HOST)
@@ -333,7 +333,7 @@ static CUresult htod(CUdeviceptr dst, const void *src, size_t n)
         return CUDA_SUCCESS;
     if (!src)
         return CUDA_ERROR_INVALID_VALUE;
-    if ((rc = check_dev_range(dst, n)))
+    if ((rc = fg_check_dev_range(dst, n)))
         return rc;
     memcpy((void *)(uintptr_t)dst, src, n);
     return CUDA_SUCCESS;
@@ -348,7 +348,7 @@ static CUresult dtoh(void *dst, CUdeviceptr src, size_t n)
         return CUDA_SUCCESS;
     if (!dst)
         return CUDA_ERROR_INVALID_VALUE;
-    if ((rc = check_dev_range(src, n)))
+    if ((rc = fg_check_dev_range(src, n)))
         return rc;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
@@ -361,14 +361,14 @@ static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n)
         return rc;
     if (n == 0)
         return CUDA_SUCCESS;
-    if ((rc = check_dev_range(src, n)) || (rc = check_dev_range(dst, n)))
+    if ((rc = fg_check_dev_range(src, n)) || (rc = fg_check_dev_range(dst, n)))
         return rc;
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
 
 /* Synchronous copies wait for the stream's earlier work, as with the legacy default stream. */
-static CUresult sync_then(int per_thread)
+CUresult fg_copy_sync(int per_thread)
 {
     CUresult rc;
     struct fg_ctx *c = fg_current(&rc);
@@ -379,38 +379,38 @@ static CUresult sync_then(int per_thread)
 
 FG_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
-    CUresult rc = sync_then(0);
+    CUresult rc = fg_copy_sync(0);
     return rc ? rc : htod(dst, src, n);
 }
 FG_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
 {
-    CUresult rc = sync_then(1);
+    CUresult rc = fg_copy_sync(1);
     return rc ? rc : htod(dst, src, n);
 }
 FG_API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
 {
-    CUresult rc = sync_then(0);
+    CUresult rc = fg_copy_sync(0);
     return rc ? rc : dtoh(dst, src, n);
 }
 FG_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
 {
-    CUresult rc = sync_then(1);
+    CUresult rc = fg_copy_sync(1);
     return rc ? rc : dtoh(dst, src, n);
 }
 FG_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-    CUresult rc = sync_then(0);
+    CUresult rc = fg_copy_sync(0);
     return rc ? rc : dtod(dst, src, n);
 }
 FG_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-    CUresult rc = sync_then(1);
+    CUresult rc = fg_copy_sync(1);
     return rc ? rc : dtod(dst, src, n);
 }
 
 /* Async copies: the stream's queued kernels are waited for first (copies are not modelled as
  * device work), so ordering within the stream holds. */
-static CUresult async_then(CUstream s, int per_thread)
+CUresult fg_copy_async(CUstream s, int per_thread)
 {
     int dev = 0, idx = 0;
     CUresult rc = copy_prologue();
@@ -422,35 +422,35 @@ static CUresult async_then(CUstream s, int per_thread)
 
 FG_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-    CUresult rc = async_then(s, 0);
+    CUresult rc = fg_copy_async(s, 0);
     return rc ? rc : htod(dst, src, n);
 }
 FG_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-    CUresult rc = async_then(s, 1);
+    CUresult rc = fg_copy_async(s, 1);
     return rc ? rc : htod(dst, src, n);
 }
 FG_API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    CUresult rc = async_then(s, 0);
+    CUresult rc = fg_copy_async(s, 0);
     return rc ? rc : dtoh(dst, src, n);
 }
 FG_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    CUresult rc = async_then(s, 1);
+    CUresult rc = fg_copy_async(s, 1);
     return rc ? rc : dtoh(dst, src, n);
 }
 
 static CUresult memset_n(CUdeviceptr dst, const void *val, size_t elem, size_t n, int per_thread)
 {
-    CUresult rc = sync_then(per_thread);
+    CUresult rc = fg_copy_sync(per_thread);
     if (rc)
         return rc;
     if (n == 0)
         return CUDA_SUCCESS;
     if (n > SIZE_MAX / elem || (dst % elem) != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if ((rc = check_dev_range(dst, n * elem)))
+    if ((rc = fg_check_dev_range(dst, n * elem)))
         return rc;
     unsigned char *p = (unsigned char *)(uintptr_t)dst;
     if (elem == 1) {

@@ -62,6 +62,8 @@ static struct fg_pool *current_pool(int dev)
 static void trim(struct fg_pool *p, uint64_t keep)
 {
     uint64_t target = p->used > keep ? p->used : keep;
+    if (target >= p->reserved)
+        return; /* (also keeps a threshold of UINT64_MAX, "never release", from overflowing below) */
     target = (target + GRAN - 1) / GRAN * GRAN;
     if (p->reserved > target) {
         fg_uncharge(p->dev, p->reserved - target, FG_KIND_DEVICE);
@@ -308,4 +310,43 @@ FG_API CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool p)
         g_current[p->dev] = (int)(p - g_pools) + 1;
     pthread_mutex_unlock(&g_pmu);
     return rc;
+}
+
+/* CUmemAccessDesc: location {type, id}, flags.  The pool's own device always has read-write access
+ * (cuda.h: it cannot be changed); peers may be given PROT_NONE (0) or READWRITE (3). */
+FG_API CUresult cuMemPoolSetAccess(CUmemoryPool p, const int *desc, size_t count)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!desc || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_pmu);
+    int ok = pool_valid(p), dev = ok ? p->dev : -1;
+    pthread_mutex_unlock(&g_pmu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        int type = desc[3 * i], id = desc[3 * i + 1], flags = desc[3 * i + 2];
+        if (type != 1 || fg_phys(id) < 0 || (flags != 0 && flags != 3) || (fg_phys(id) == dev && flags != 3))
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* (CUmemAccess_flags *, pool, CUmemLocation *) */
+FG_API CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool p, const int *loc)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!flags || !loc || loc[0] != 1 || fg_phys(loc[1]) < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_pmu);
+    int ok = pool_valid(p), dev = ok ? p->dev : -1;
+    pthread_mutex_unlock(&g_pmu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = fg_phys(loc[1]) == dev ? 3 : 0;
+    return CUDA_SUCCESS;
 }

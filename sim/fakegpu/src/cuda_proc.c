@@ -16,6 +16,9 @@
 
 typedef void (*fg_fn)(void);
 
+#define FUNCS_COPY(X) X(cuMemcpy) X(cuMemcpy_ptds) X(cuMemcpyAsync) X(cuMemcpyAsync_ptsz) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoDAsync_v2_ptsz) X(cuMemcpyPeer) X(cuMemcpyPeer_ptds) X(cuMemcpyPeerAsync) X(cuMemcpyPeerAsync_ptsz) X(cuMemcpy2D_v2) X(cuMemcpy2D_v2_ptds) X(cuMemcpy2DUnaligned_v2) X(cuMemcpy2DUnaligned_v2_ptds) X(cuMemcpy2DAsync_v2) X(cuMemcpy2DAsync_v2_ptsz) X(cuMemcpy3D_v2) X(cuMemcpy3D_v2_ptds) X(cuMemcpy3DAsync_v2) X(cuMemcpy3DAsync_v2_ptsz) X(cuMemsetD16_v2) X(cuMemsetD16_v2_ptds) X(cuMemsetD8Async) X(cuMemsetD8Async_ptsz) X(cuMemsetD16Async) X(cuMemsetD16Async_ptsz) X(cuMemsetD32Async) X(cuMemsetD32Async_ptsz) X(cuMemsetD2D8_v2) X(cuMemsetD2D8_v2_ptds) X(cuMemsetD2D16_v2) X(cuMemsetD2D16_v2_ptds) X(cuMemsetD2D32_v2) X(cuMemsetD2D32_v2_ptds) X(cuMemsetD2D8Async) X(cuMemsetD2D8Async_ptsz) X(cuMemsetD2D16Async) X(cuMemsetD2D16Async_ptsz) X(cuMemsetD2D32Async) X(cuMemsetD2D32Async_ptsz) X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2) X(cuMemPrefetchAsync_v2_ptsz) X(cuMemAdvise) X(cuMemAdvise_v2)
+#define FUNCS_MISC(X) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo) X(cuStreamGetCaptureInfo_ptsz) X(cuStreamGetCaptureInfo_v2) X(cuStreamGetCaptureInfo_v2_ptsz) X(cuStreamGetCaptureInfo_v3) X(cuStreamGetCaptureInfo_v3_ptsz) X(cuThreadExchangeStreamCaptureMode) X(cuCtxGetLimit) X(cuCtxSetLimit) X(cuCtxGetCacheConfig) X(cuCtxSetCacheConfig) X(cuCtxGetSharedMemConfig) X(cuCtxSetSharedMemConfig) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) X(cuStreamGetPriority) X(cuStreamGetPriority_ptsz) X(cuStreamGetId) X(cuStreamGetId_ptsz) X(cuStreamGetCtx) X(cuStreamGetCtx_ptsz) X(cuStreamGetCtx_v2) X(cuStreamGetCtx_v2_ptsz) X(cuStreamGetDevice) X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuStreamAddCallback) X(cuStreamAddCallback_ptsz) X(cuEventRecordWithFlags) X(cuEventRecordWithFlags_ptsz) X(cuMemHostGetDevicePointer_v2) X(cuMemHostGetFlags) X(cuProfilerStart) X(cuProfilerStop)
+#define FUNCS_FEATURES(X) X(cuMulticastCreate) X(cuMulticastAddDevice) X(cuMulticastBindMem) X(cuMulticastBindAddr) X(cuMulticastUnbind) X(cuMulticastGetGranularity) X(cuGreenCtxCreate) X(cuGreenCtxDestroy) X(cuCtxFromGreenCtx) X(cuGreenCtxStreamCreate) X(cuDeviceGetDevResource) X(cuDevSmResourceSplitByCount) X(cuDevResourceGenerateDesc) X(cuLogsRegisterCallback) X(cuLogsUnregisterCallback)
 #define DECL(n) extern void n(void);
 #define FUNCS(X)                                                                                                 \
     X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid)     \
@@ -43,7 +46,18 @@ typedef void (*fg_fn)(void);
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuDeviceGetDefaultMemPool)            \
     X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve)            \
     X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)             \
-    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy)
+    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy) X(cuGetExportTable) X(cuModuleLoadFatBinary)       \
+    X(cuModuleGetGlobal_v2) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuLibraryLoadData)         \
+    X(cuLibraryLoadFromFile) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuLibraryGetKernelCount)                  \
+    X(cuLibraryEnumerateKernels) X(cuLibraryGetModule) X(cuLibraryGetGlobal) X(cuLibraryGetManaged)               \
+    X(cuLibraryGetUnifiedFunction) X(cuKernelGetFunction) X(cuKernelGetName) X(cuKernelGetLibrary)                \
+    X(cuKernelGetAttribute) X(cuKernelSetAttribute) X(cuKernelSetCacheConfig) X(cuFuncGetName) X(cuFuncGetModule)  \
+    X(cuFuncIsLoaded) X(cuFuncLoad) X(cuFuncSetAttribute) X(cuFuncSetCacheConfig) X(cuFuncSetSharedMemConfig)     \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)         \
+    X(cuOccupancyMaxPotentialBlockSize) X(cuOccupancyMaxPotentialBlockSizeWithFlags)                               \
+    X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId) FUNCS_COPY(X) FUNCS_MISC(X) FUNCS_FEATURES(X) X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemExportToShareableHandle)                      \
+    X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)   \
+    X(cuStreamWriteValue32) X(cuStreamWriteValue32_ptsz) X(cuStreamWriteValue64) X(cuStreamWriteValue64_ptsz)
 
 FUNCS(DECL)
 
@@ -223,6 +237,119 @@ static const struct entry g_table[] = {
     E("cuArrayCreate", 3020, cuArrayCreate_v2)
     E("cuArray3DCreate", 3020, cuArray3DCreate_v2)
     E("cuArrayDestroy", 2000, cuArrayDestroy)
+    E("cuGetExportTable", 3000, cuGetExportTable)
+    E("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary)
+    E("cuModuleGetGlobal", 3020, cuModuleGetGlobal_v2)
+    E("cuModuleGetFunctionCount", 12040, cuModuleGetFunctionCount)
+    E("cuModuleEnumerateFunctions", 12040, cuModuleEnumerateFunctions)
+    E("cuLibraryLoadData", 12000, cuLibraryLoadData)
+    E("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile)
+    E("cuLibraryUnload", 12000, cuLibraryUnload)
+    E("cuLibraryGetKernel", 12000, cuLibraryGetKernel)
+    E("cuLibraryGetKernelCount", 12040, cuLibraryGetKernelCount)
+    E("cuLibraryEnumerateKernels", 12040, cuLibraryEnumerateKernels)
+    E("cuLibraryGetModule", 12000, cuLibraryGetModule)
+    E("cuLibraryGetGlobal", 12000, cuLibraryGetGlobal)
+    E("cuLibraryGetManaged", 12000, cuLibraryGetManaged)
+    E("cuLibraryGetUnifiedFunction", 12000, cuLibraryGetUnifiedFunction)
+    E("cuKernelGetFunction", 12000, cuKernelGetFunction)
+    E("cuKernelGetName", 12030, cuKernelGetName)
+    E("cuKernelGetLibrary", 12050, cuKernelGetLibrary)
+    E("cuKernelGetAttribute", 12000, cuKernelGetAttribute)
+    E("cuKernelSetAttribute", 12000, cuKernelSetAttribute)
+    E("cuKernelSetCacheConfig", 12000, cuKernelSetCacheConfig)
+    E("cuFuncGetName", 12030, cuFuncGetName)
+    E("cuFuncGetModule", 11000, cuFuncGetModule)
+    E("cuFuncIsLoaded", 12040, cuFuncIsLoaded)
+    E("cuFuncLoad", 12040, cuFuncLoad)
+    E("cuFuncSetAttribute", 9000, cuFuncSetAttribute)
+    E("cuFuncSetCacheConfig", 3000, cuFuncSetCacheConfig)
+    E("cuFuncSetSharedMemConfig", 4020, cuFuncSetSharedMemConfig)
+    E("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, cuOccupancyMaxActiveBlocksPerMultiprocessor)
+    E("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000,
+      cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
+    E("cuOccupancyMaxPotentialBlockSize", 6050, cuOccupancyMaxPotentialBlockSize)
+    E("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, cuOccupancyMaxPotentialBlockSizeWithFlags)
+    E("cuOccupancyAvailableDynamicSMemPerBlock", 10020, cuOccupancyAvailableDynamicSMemPerBlock)
+    E("cuCtxGetId", 12000, cuCtxGetId)
+    E("cuMemPoolSetAccess", 11020, cuMemPoolSetAccess)
+    E("cuMemPoolGetAccess", 11020, cuMemPoolGetAccess)
+    E("cuMulticastCreate", 12010, cuMulticastCreate)
+    E("cuMulticastAddDevice", 12010, cuMulticastAddDevice)
+    E("cuMulticastBindMem", 12010, cuMulticastBindMem)
+    E("cuMulticastBindAddr", 12010, cuMulticastBindAddr)
+    E("cuMulticastUnbind", 12010, cuMulticastUnbind)
+    E("cuMulticastGetGranularity", 12010, cuMulticastGetGranularity)
+    E("cuGreenCtxCreate", 12040, cuGreenCtxCreate)
+    E("cuGreenCtxDestroy", 12040, cuGreenCtxDestroy)
+    E("cuCtxFromGreenCtx", 12040, cuCtxFromGreenCtx)
+    E("cuGreenCtxStreamCreate", 12040, cuGreenCtxStreamCreate)
+    E("cuDeviceGetDevResource", 12040, cuDeviceGetDevResource)
+    E("cuDevSmResourceSplitByCount", 12040, cuDevSmResourceSplitByCount)
+    E("cuDevResourceGenerateDesc", 12040, cuDevResourceGenerateDesc)
+    E("cuLogsRegisterCallback", 12090, cuLogsRegisterCallback)
+    E("cuLogsUnregisterCallback", 12090, cuLogsUnregisterCallback)
+    E("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle)
+    E("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle)
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle)
+    E("cuMemGetAllocationPropertiesFromHandle", 10020, cuMemGetAllocationPropertiesFromHandle)
+    P("cuStreamWriteValue32", 8000, cuStreamWriteValue32, cuStreamWriteValue32_ptsz)
+    P("cuStreamWriteValue32", 11070, cuStreamWriteValue32, cuStreamWriteValue32_ptsz)
+    P("cuStreamWriteValue64", 9000, cuStreamWriteValue64, cuStreamWriteValue64_ptsz)
+    P("cuStreamWriteValue64", 11070, cuStreamWriteValue64, cuStreamWriteValue64_ptsz)
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
+    P("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_ptsz)
+    P("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz)
+    P("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz)
+    E("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode)
+    E("cuCtxGetLimit", 3010, cuCtxGetLimit)
+    E("cuCtxSetLimit", 3010, cuCtxSetLimit)
+    E("cuCtxGetCacheConfig", 3020, cuCtxGetCacheConfig)
+    E("cuCtxSetCacheConfig", 3020, cuCtxSetCacheConfig)
+    E("cuCtxGetSharedMemConfig", 4020, cuCtxGetSharedMemConfig)
+    E("cuCtxSetSharedMemConfig", 4020, cuCtxSetSharedMemConfig)
+    E("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer)
+    E("cuDeviceGetP2PAttribute", 8000, cuDeviceGetP2PAttribute)
+    E("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess)
+    E("cuCtxDisablePeerAccess", 4000, cuCtxDisablePeerAccess)
+    P("cuStreamGetPriority", 5050, cuStreamGetPriority, cuStreamGetPriority_ptsz)
+    P("cuStreamGetId", 12000, cuStreamGetId, cuStreamGetId_ptsz)
+    P("cuStreamGetCtx", 9020, cuStreamGetCtx, cuStreamGetCtx_ptsz)
+    P("cuStreamGetCtx", 12050, cuStreamGetCtx_v2, cuStreamGetCtx_v2_ptsz)
+    E("cuStreamGetDevice", 12080, cuStreamGetDevice)
+    P("cuLaunchHostFunc", 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz)
+    P("cuStreamAddCallback", 5000, cuStreamAddCallback, cuStreamAddCallback_ptsz)
+    P("cuEventRecordWithFlags", 11010, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz)
+    E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2)
+    E("cuMemHostGetFlags", 2030, cuMemHostGetFlags)
+    E("cuProfilerStart", 4000, cuProfilerStart)
+    E("cuProfilerStop", 4000, cuProfilerStop)
+    P("cuMemcpy", 4000, cuMemcpy, cuMemcpy_ptds)
+    P("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz)
+    P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz)
+    P("cuMemcpyPeer", 4000, cuMemcpyPeer, cuMemcpyPeer_ptds)
+    P("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz)
+    P("cuMemcpy2D", 3020, cuMemcpy2D_v2, cuMemcpy2D_v2_ptds)
+    P("cuMemcpy2DUnaligned", 3020, cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2_ptds)
+    P("cuMemcpy2DAsync", 3020, cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2_ptsz)
+    P("cuMemcpy3D", 3020, cuMemcpy3D_v2, cuMemcpy3D_v2_ptds)
+    P("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz)
+    P("cuMemsetD16", 3020, cuMemsetD16_v2, cuMemsetD16_v2_ptds)
+    P("cuMemsetD8Async", 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz)
+    P("cuMemsetD16Async", 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz)
+    P("cuMemsetD32Async", 3020, cuMemsetD32Async, cuMemsetD32Async_ptsz)
+    P("cuMemsetD2D8", 3020, cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds)
+    P("cuMemsetD2D16", 3020, cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds)
+    P("cuMemsetD2D32", 3020, cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds)
+    P("cuMemsetD2D8Async", 3020, cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz)
+    P("cuMemsetD2D16Async", 3020, cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz)
+    P("cuMemsetD2D32Async", 3020, cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz)
+    E("cuPointerGetAttribute", 4000, cuPointerGetAttribute)
+    E("cuPointerGetAttributes", 7000, cuPointerGetAttributes)
+    P("cuMemPrefetchAsync", 8000, cuMemPrefetchAsync, cuMemPrefetchAsync_ptsz)
+    P("cuMemPrefetchAsync", 12020, cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz)
+    E("cuMemAdvise", 8000, cuMemAdvise)
+    E("cuMemAdvise", 12020, cuMemAdvise_v2)
     E("cuGetErrorString", 6000, cuGetErrorString)
     E("cuGetErrorName", 6000, cuGetErrorName)
     E("cuGetProcAddress", 11030, cuGetProcAddress)
@@ -256,6 +383,9 @@ static CUresult lookup(const char *symbol, void **pfn, int version, unsigned lon
         *pfn = (void *)(per_thread ? best->ptds : best->fn);
         st = ST_SUCCESS;
     }
+    if (st != ST_SUCCESS)
+        fg_trace("cuGetProcAddress %s@%d/%llu: %s", symbol, version, flags,
+                 st == ST_VERSION ? "VERSION_NOT_SUFFICIENT" : "SYMBOL_NOT_FOUND");
     if (status)
         *status = st;
     return st == ST_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;

@@ -62,7 +62,7 @@ CUresult fg_wait_idle(int dev, int idx)
     }
 }
 
-static CUresult stream_create(CUstream *ps, unsigned flags)
+static CUresult stream_create(CUstream *ps, unsigned flags, int priority)
 {
     if (!ps || (flags & ~1u)) /* CU_STREAM_NON_BLOCKING = 1 */
         return CUDA_ERROR_INVALID_VALUE;
@@ -81,19 +81,22 @@ static CUresult stream_create(CUstream *ps, unsigned flags)
     s->idx = 2 + (int)(k % (FG_MAX_STREAMS - 2));
     s->flags = flags;
     s->ctx = c;
+    /* cuCtxGetStreamPriorityRange: 0 (least) .. -5 (greatest); others are clamped, as documented */
+    s->priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
+    static unsigned long long next_id = 100;
+    s->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
     *ps = s;
     return CUDA_SUCCESS;
 }
 
 FG_API CUresult cuStreamCreate(CUstream *ps, unsigned int flags)
 {
-    return stream_create(ps, flags);
+    return stream_create(ps, flags, 0);
 }
 
 FG_API CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int priority)
 {
-    (void)priority;
-    return stream_create(ps, flags);
+    return stream_create(ps, flags, priority);
 }
 
 FG_API CUresult cuStreamDestroy_v2(CUstream s)

@@ -316,3 +316,48 @@ FG_API CUresult cuArrayDestroy(CUarray a)
     free(a);
     return CUDA_SUCCESS;
 }
+
+/* --- handles seen from their mappings (PyTorch's expandable segments ask for these) --------- */
+
+/* The handle mapped at ptr, with one more reference (released by cuMemRelease). */
+FG_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *out, void *addr)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t p = (uint64_t)(uintptr_t)addr;
+    rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmu);
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (g_maps[i].h && p >= g_maps[i].ptr && p < g_maps[i].ptr + g_maps[i].size) {
+            g_maps[i].h->refs++;
+            *out = (CUmemGenericAllocationHandle)(uintptr_t)g_maps[i].h;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&g_vmu);
+    return rc;
+}
+
+/* CUmemAllocationProp (32 bytes): type PINNED, location DEVICE and its ordinal, the rest zero */
+FG_API CUresult cuMemGetAllocationPropertiesFromHandle(struct fg_alloc_prop *prop, CUmemGenericAllocationHandle x)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmu);
+    struct vmm_handle *h = handle_of(x);
+    int dev = h ? h->dev : -1;
+    pthread_mutex_unlock(&g_vmu);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(prop, 0, 32);
+    prop->type = 1;
+    prop->locType = 1;
+    prop->locId = fg_ordinal_of(dev);
+    return CUDA_SUCCESS;
+}

@@ -79,6 +79,8 @@ struct fg_ctx {
     int dev;
     int primary;
     unsigned flags;
+    int active; /* a primary context's handle outlives its activity (release/reset, retain again) */
+    unsigned long long id; /* cuCtxGetId: unique in the process */
 };
 
 struct fg_streamh {
@@ -87,6 +89,8 @@ struct fg_streamh {
     int idx;
     unsigned flags;
     struct fg_ctx *ctx;
+    int priority;
+    unsigned long long id;
 };
 
 /* process-local driver state */
@@ -129,6 +133,7 @@ int fg_vmm_mapped(uint64_t p, uint64_t n);
 #define FG_ALLOC_ASYNC 4
 #define FG_ALLOC_HOST 5
 #define FG_ALLOC_VA 6 /* cuMemAddressReserve range */
+#define FG_ALLOC_MODULE 7 /* a module's global variable: not charged, not freeable */
 struct fg_alloc {
     uint64_t ptr;
     uint64_t size;     /* bytes usable */
@@ -145,6 +150,12 @@ int fg_alloc_remove(uint64_t ptr, struct fg_alloc *out); /* exact start */
 int fg_alloc_find(uint64_t p, uint64_t n, struct fg_alloc *out);
 void fg_alloc_free_ctx(struct fg_ctx *c); /* frees every allocation of a context */
 void *fg_map_bytes(uint64_t size);
+/* [p, p+n) inside one device allocation (or mapped VMM range) of this process: 0 or an error */
+CUresult fg_check_dev_range(CUdeviceptr p, size_t n);
+/* before a synchronous copy/set: waits for the (per-thread or legacy) default stream's work */
+CUresult fg_copy_sync(int per_thread);
+/* before an asynchronous copy/set on stream s: waits for that stream's earlier kernels */
+CUresult fg_copy_async(CUstream s, int per_thread);
 void fg_unmap_bytes(uint64_t ptr, uint64_t size);
 
 /* cuda_stream.c */
@@ -156,5 +167,32 @@ CUresult fg_pools_sync(int dev); /* releases pool memory above thresholds (cuda_
 /* cuda_module.c */
 CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    CUstream s, void **params, void **extra, int per_thread);
+
+/* cuda_module.c: a kernel that is not one of the built-in spin/spin_us/noop runs this long */
+#define FG_KERNEL_NS 10000ULL
+CUresult fg_module_load_fatbin_wrapper(CUmodule *pm, const void *wrapper);
+
+/* cuda_fatbin.c: kernels and variables of a module image */
+struct fg_image_var {
+    char *name;
+    uint64_t size;
+};
+struct fg_image_syms {
+    char **kern;
+    int nkern;
+    struct fg_image_var *vars;
+    int nvars;
+    int opaque; /* an entry could not be read (zstd without libzstd): names are taken as asked */
+};
+int fg_image_parse(const void *image, struct fg_image_syms *out); /* 0, or -1: not an image */
+void fg_image_free(struct fg_image_syms *s);
+
+/* cuda_ctx.c: the device's primary context handle without retaining it (CUDART_INTERFACE[2]) */
+CUresult fg_primary_ctx_handle(CUcontext *pctx, CUdevice dev);
+CUresult fg_ctx_id(CUcontext ctx, unsigned long long *id); /* NULL: the current context */
+/* cuda_export.c */
+void fg_cls_ctx_destroyed(struct fg_ctx *ctx); /* runs the runtime's context-local destructors */
+int fg_trace_on(void);
+void fg_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

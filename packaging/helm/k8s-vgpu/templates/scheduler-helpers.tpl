@@ -51,6 +51,7 @@ has(object.spec) && ((has(object.spec.containers) ? object.spec.containers : [])
 - --default-gpucores={{ int .Values.scheduler.defaultGpucores }}
 - --default-gpu-count={{ int .Values.scheduler.defaultGpuCount }}
 - --{{ if not .Values.scheduler.overwriteDefaultScheduler }}no-{{ end }}overwrite-default-scheduler
+- --{{ if not .Values.scheduler.webhook.refuseOversized }}no-{{ end }}refuse-oversized
 - --log-level={{ .Values.scheduler.logLevel }}
 {{- end -}}
 

@@ -20,6 +20,8 @@ MODELS = {
     ("v1", "Namespace"): "V1Namespace",
     ("v1", "Pod"): "V1Pod",
     ("apps/v1", "DaemonSet"): "V1DaemonSet",
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): "V1MutatingWebhookConfiguration",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",

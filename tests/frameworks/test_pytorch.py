@@ -1,0 +1,133 @@
+"""PyTorch with CUDA (2.14.1 from PyPI, with NVIDIA's CUDA 13 runtime) on the simulated GPU under
+libvgpu.so, against a slice: its caching allocator (default, `expandable_segments:True`,
+`backend:cudaMallocAsync`) raises torch.cuda.OutOfMemoryError at the slice and not before, and its
+statistics agree with the simulated GPU's own count of the process's memory (the oracle, never
+libvgpu.so's region); CUDA-graph capture (torch.cuda.graph) allocates inside the slice.
+
+Run by `make test-frameworks` (not part of `make test`).  tests/gpu/test_frameworks_gpu.py runs the
+same child scripts against a real GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.libcuda_intercept.support import FAKE, Node
+from tests.support import cudart, frameworks
+
+MiB = 1 << 20
+CHUNK = 256 * MiB
+LIMIT = 16 * CHUNK + 100 * MiB
+# The caching allocator rounds requests between 1 and 10 MiB up to a 20 MiB segment
+# (c10/cuda/CUDACachingAllocator.cpp, kLargeBuffer): what is left when it gives up is below that.
+SLACK = 20 * MiB
+
+pytestmark = [pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def py() -> str:
+    p = frameworks.torch_python()
+    if p is None:
+        pytest.fail(f"torch not importable from {frameworks.VENV}: run `make test-frameworks`")
+    return p
+
+
+def driver_has(name: str) -> bool:
+    """Whether the simulated driver serves an entry point (cuGetProcAddress at CUDA 13.0)."""
+    lib = ctypes.CDLL(str(FAKE / "libcuda.so.1"))
+    fn = ctypes.c_void_p()
+    st = ctypes.c_int()
+    lib.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), 13000, ctypes.c_ulonglong(0), ctypes.byref(st))
+    return bool(fn.value)
+
+
+def run_holding(node: Node, argv: list[str], env: dict[str, str]) -> tuple[dict[str, list[dict[str, str]]], int]:
+    proc = subprocess.Popen(
+        argv, env=node.env(True, env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip() == "holding":
+                break
+        else:
+            raise AssertionError("".join(lines) + (proc.stderr.read() if proc.stderr else ""))
+        [p] = [p for p in node.dump()["processes"] if p["host_pid"] == proc.pid]
+        used = int(p["devices"][0]["used"])
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=120)
+    return cudart.parse("".join(lines)), used
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "backend:cudaMallocAsync"])
+def test_caching_allocator_stops_at_the_slice(node_plain: Node, py: str, conf: str) -> None:
+    node = node_plain
+    node.limit(LIMIT)
+    out, used = run_holding(node, [py, "-c", frameworks.TORCH_FILL, str(CHUNK)], {"PYTORCH_CUDA_ALLOC_CONF": conf})
+    [row] = out["fill"]
+    # torch.cuda.OutOfMemoryError at the 17th chunk, and when no smaller request fits any more
+    assert row["big"] == "16" and int(row["ooms"]) >= 1, row
+    # the simulated GPU holds the slice, all but what the allocator's rounding cannot use
+    assert used <= LIMIT and LIMIT - used < SLACK, (used, row)
+    # torch sees the slice as the device (cudaMemGetInfo through the library)
+    assert int(row["total"]) == LIMIT
+    if row["reserved"] == "-1":
+        # backend:cudaMallocAsync reads its statistics with cudaDeviceGetGraphMemAttribute
+        assert not driver_has("cuDeviceGetGraphMemAttribute"), out
+        pytest.skip("the simulated driver does not serve cuDeviceGetGraphMemAttribute (graph memory)")
+    # torch's statistics are the simulated GPU's count
+    assert int(row["reserved"]) == int(row["stat_reserved"]) == used
+    assert int(row["allocated"]) == int(row["bytes"])
+
+
+def test_cuda_graph_capture_allocates_inside_the_slice(node_plain: Node, py: str) -> None:
+    if not driver_has("cuStreamBeginCapture"):
+        pytest.skip("the simulated driver does not model stream capture (cuStreamBeginCapture)")
+    node = node_plain
+    node.limit(LIMIT)
+    out, used = run_holding(node, [py, "-c", frameworks.TORCH_GRAPH, str(CHUNK)], {})
+    assert out["graph"][0]["replayed"] == "1"
+    [row] = out["graphs"]
+    assert row["err"] == "OutOfMemoryError", row
+    assert used <= LIMIT and LIMIT - used < CHUNK + SLACK
+    assert int(row["reserved"]) == used
+
+
+def test_pytorch_runs_on_the_simulated_gpu_without_a_slice(tmp_path: Path, py: str, build_dir: Path) -> None:
+    """Without libvgpu.so: copies round-trip and the device is the simulated one."""
+    from sim.fakegpu.harness import FakeGPU
+
+    gpu = FakeGPU(tmp_path / "gpu", build_dir, gpus=1, memory=8 << 30)
+    try:
+        code = (
+            "import torch\n"
+            "x = torch.arange(1 << 16, dtype=torch.float32)\n"
+            "g = x.cuda(); y = g * 2; torch.cuda.synchronize()\n"
+            "print('ok', torch.cuda.is_available(), torch.cuda.device_count(), torch.equal(g.cpu(), x),"
+            " torch.cuda.get_device_name(0).replace(' ', '_'), torch.cuda.mem_get_info()[1])\n"
+        )
+        p = gpu.run([py, "-c", code], timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stdout.split()[-6:] == ["ok", "True", "1", "True", "NVIDIA_Fake_GPU", str(8 << 30)]
+    finally:
+        gpu.close()
+
+
+@pytest.mark.parametrize("kind", ["default", "async"])
+def test_cupy_for_cuda_13_stops_at_the_slice(node_plain: Node, py: str, tmp_path: Path, kind: str) -> None:
+    """cupy-cuda13x (its own CUDA 13 runtime, NVRTC 13) in the frameworks venv."""
+    node = node_plain
+    node.limit(16 * CHUNK)
+    env = {"CUPY_CACHE_DIR": str(tmp_path / "cupy-cache")}
+    out, used = run_holding(node, [py, "-c", cudart.CUPY_FILL, kind, str(CHUNK)], env)
+    [row] = out["fill"]
+    assert (row["count"], row["err"]) == ("16", "OutOfMemoryError"), out
+    assert used == 16 * CHUNK
