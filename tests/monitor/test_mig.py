@@ -9,7 +9,8 @@ import signal
 import pytest
 
 from sim.fakegpu.mig import product
-from tests.monitor.helpers import Gated, Monitors, Procs, make_container, metric, wait_for
+from tests.monitor.helpers import Gated, Monitors, Procs, make_container, metric
+from tests.support.poll import poll as wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 GIB = 1 << 30
