@@ -118,6 +118,7 @@ class MigDevice:
             mig_gi=self.gi,
             mig_ci=self.ci,
             mig_profile=self.profile,
+            mig_index=self.mig_index,
         )
 
 
@@ -134,6 +135,14 @@ class MigLayout:
 
     def of(self, uuid: str) -> list[MigDevice]:
         return [d for d in self.devices if d.parent.uuid == uuid]
+
+    def devices_as_gpus(self) -> list[GPUInfo]:
+        """The node's devices for a front end that publishes what CUDA can use: each GPU not in
+        MIG mode, and the MIG devices of those in it (a GPU in MIG mode is not a CUDA device)."""
+        out: list[GPUInfo] = []
+        for g in self.gpus:
+            out.extend([d.as_gpu() for d in self.of(g.uuid)] if self.enabled(g.uuid) else [g])
+        return out
 
 
 def _text(v: Any) -> str:

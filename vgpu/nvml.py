@@ -106,6 +106,7 @@ class GPUInfo:
     mig_gi: int | None = None
     mig_ci: int | None = None
     mig_profile: str | None = None  # e.g. "3g.71gb" (go-nvlib's name)
+    mig_index: int | None = None  # nvmlDeviceGetMigDeviceHandleByIndex's index under its GPU
 
     @property
     def is_mig(self) -> bool:
