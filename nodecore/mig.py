@@ -129,6 +129,7 @@ class MigLayout:
     gpus: list[GPUInfo]
     mode: dict[str, int | None] = field(default_factory=dict)  # GPU uuid -> current MIG mode
     devices: list[MigDevice] = field(default_factory=list)
+    pending: dict[str, int | None] = field(default_factory=dict)  # GPU uuid -> pending MIG mode
 
     def enabled(self, uuid: str) -> bool:
         return self.mode.get(uuid) == 1
@@ -149,16 +150,18 @@ def _text(v: Any) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def mig_mode(pynvml: Any, handle: Any) -> int | None:
-    """The current MIG mode; None when the GPU does not support MIG (NOT_SUPPORTED, go-nvlib
+def mig_modes(pynvml: Any, handle: Any) -> tuple[int | None, int | None]:
+    """(current, pending) MIG mode; None when the GPU does not support MIG (NOT_SUPPORTED, go-nvlib
     IsMigCapable) or the library has no MIG entry points."""
     try:
-        cur, _pending = pynvml.nvmlDeviceGetMigMode(handle)
-    except pynvml.NVMLError_NotSupported:
-        return None
-    except pynvml.NVMLError_FunctionNotFound:
-        return None
-    return int(cur)
+        cur, pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        return None, None
+    return int(cur), int(pending)
+
+
+def mig_mode(pynvml: Any, handle: Any) -> int | None:
+    return mig_modes(pynvml, handle)[0]
 
 
 def _profile_of(pynvml: Any, parent: Any, gi: Any, gi_profile_id: int, ci_profile_id: int) -> tuple[int, int] | None:
@@ -229,8 +232,9 @@ def discover(gpus: Sequence[GPUInfo], handle_of: Callable[[GPUInfo], Any] | None
     layout = MigLayout(gpus=list(gpus))
     for g in gpus:
         h = handle_of(g) if handle_of else pynvml.nvmlDeviceGetHandleByUUID(g.uuid)
-        mode = mig_mode(pynvml, h)
+        mode, pending = mig_modes(pynvml, h)
         layout.mode[g.uuid] = mode
+        layout.pending[g.uuid] = pending
         if mode == 1:
             layout.devices.extend(mig_devices(pynvml, h, g))
     return layout

@@ -70,7 +70,12 @@ def test_values_reach_the_daemons() -> None:
     objects = render(
         {
             "resourceName": "example.com/vgpu",
-            "devicePlugin": {"deviceSplitCount": 10, "deviceMemoryScaling": 1.5, "deviceCoresScaling": 2},
+            "devicePlugin": {
+                "deviceSplitCount": 10,
+                "deviceMemoryScaling": 1.5,
+                "deviceCoresScaling": 2,
+                "migStrategy": "mixed",
+            },
             "monitor": {
                 "port": 9500,
                 "policy": "strict",
@@ -89,11 +94,15 @@ def test_values_reach_the_daemons() -> None:
         "--device-memory-scaling=1.5",
         "--device-cores-scaling=2",
         "--resource-name=example.com/vgpu",
+        "--mig-strategy=mixed",
     ):
         assert flag in args
     monitor = daemonset(objects, "monitor")
     assert "--policy=strict" in container_args(monitor) and "--metrics-port=9500" in container_args(monitor)
     assert monitor["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 9500
+    for ds in (daemonset(objects, "device-plugin"), monitor):  # NVML lists MIG devices with the monitor capability
+        env = {e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        assert env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all"
     for ds in by_kind(objects, "DaemonSet"):
         pod = ds["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"accelerator": "nvidia"}
@@ -136,6 +145,7 @@ def test_shipped_manifests_are_valid(path: Path) -> None:
     [
         {"monitor": {"policy": "fast"}},
         {"devicePlugin": {"deviceSplitCount": 0}},
+        {"devicePlugin": {"migStrategy": "dynamic"}},
         {"devicePlugin": {"deviceSplitCount": "4"}},
         {"devicePlugin": {"deviceMemoryScaling": 0}},
         {"monitor": {"port": 70000}},
