@@ -40,8 +40,8 @@ _FIELD_HELP: dict[str, str] = {
     "cdi-annotations, cdi-cri",
     "cdi_kind": "CDI kind of the GPUs in cdi-annotations / cdi-cri names (default nvidia.com/gpu)",
     "cdi_annotation_prefix": "annotation key prefix of the cdi-annotations strategy (default cdi.k8s.io/)",
-    "mig_strategy": "GPUs in MIG mode: none (default), single, mixed (NVIDIA's --mig-strategy) or vgpu "
-    "(each MIG device split into K vGPUs)",
+    "mig_strategy": "GPUs in MIG mode: none (default), single, mixed (NVIDIA's --mig-strategy), vgpu "
+    "(each MIG device split into K vGPUs) or dynamic (a MIG instance made per scheduled container)",
 }
 
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from device_plugin import checkpoint, decision, inventory, strategy, usage
+from device_plugin import checkpoint, decision, dynmig, inventory, strategy, usage
 from device_plugin.mig import Resource
 from device_plugin.registration import RegistrationError, register
 from device_plugin.server import PluginServer
@@ -122,6 +122,12 @@ class Daemon:
             gpus, slicing = list(primary.devices), primary.slicing
             self.register_empty, plain_ids = primary.register_empty, primary.plain_ids
         self.extras = [ExtraResource(r, cfg, state, nvml_health) for r in resources if not r.primary and r.devices]
+        # mig_strategy dynamic: the GPUs in MIG mode make an instance per scheduled container
+        self.dynmig = (
+            dynmig.DynamicMig(state, [g for g in gpus if g.uuid in primary.dynamic])
+            if primary is not None and primary.dynamic
+            else None
+        )
         self.core = NodeCore(
             gpus,
             slicing,
@@ -140,6 +146,8 @@ class Daemon:
         # What the node handed out, published with the inventory (docs/developers/scheduler.md, "Usage"),
         # each slice named by the pod holding it from the kubelet's checkpoint.
         self.usage = usage.Tracker(state, cfg.resource_name, self.where.checkpoint)
+        if self.dynmig is not None:
+            self.usage.placed = self.dynmig.placed
         self.annotator = inventory.NodeAnnotator(
             self.table,
             cfg.resource_name,
@@ -149,7 +157,9 @@ class Daemon:
             # Tags of records written before a restart, from the pods' `allocated` lists (only
             # the decisions path writes those: with decisions off there is nothing to ask).
             on_client=(lambda api: usage.rebuild_from_api(self.usage, api, node)) if cfg.decisions != "off" else None,
+            mig=self.dynmig.inventory if self.dynmig is not None else None,
         )
+        self.reaper = dynmig.Reaper(self.dynmig, node) if self.dynmig is not None else None
         self.decisions = (
             decision.Decisions(self.table, node, cfg.decisions, cfg.allocation_policy)
             if cfg.decisions != "off"
@@ -186,6 +196,7 @@ class Daemon:
             "policy": self.cfg.allocation_policy,
             "decisions": self.decisions,
             "on_allocated": self._allocated,
+            "prepare": dynmig.preparer(self.dynmig) if self.dynmig is not None else None,
             "strategy": strategy.Strategy(
                 names=tuple(self.cfg.device_list_strategy),
                 cdi_kind=self.cfg.cdi_kind,
@@ -407,6 +418,11 @@ class Daemon:
                 self._inventory_dirty.clear()
                 next_inv = now + self.cfg.inventory_heartbeat_s
                 self.annotator.publish()
+            try:
+                if self.reaper is not None and self.reaper.tick(now):
+                    self._inventory_dirty.set()  # instances destroyed: the inventory is due
+            except Exception:
+                log.exception("destroying the MIG instances of gone pods failed")
             if now >= next_gc:
                 next_gc = now + self.cfg.record_gc_interval_s
                 try:

@@ -20,6 +20,10 @@ buildMigDeviceMap, assertAllMigDevicesAreValid; `internal/rm/rm.go`: AddDefaultR
 - `vgpu` (ours): GPUs not in MIG mode and every MIG device under the resource name, each split
   into K vGPUs like a GPU (a vGPU of a MIG device gets floor(S x its memory / K)); GPUs in MIG
   mode are not offered themselves.
+- `dynamic` (ours): every GPU under the resource name with K vGPU slots; a GPU in MIG mode makes
+  a MIG instance for each container the scheduler places on it (its decision names the profile
+  and placement: device_plugin/dynmig.py), and its slots are at most that many instances.
+  Instances that exist already (the administrator's) are not offered; their slices stay taken.
 
 NVIDIA offers every device whole (one device, one container): `single` and `mixed` offer MIG
 devices whole (split count 1).  GPUs not in MIG mode keep the node's split count in every
@@ -38,8 +42,8 @@ from vgpu.nvml import GPUInfo
 
 log = logging.getLogger(__name__)
 
-MigStrategy = Literal["none", "single", "mixed", "vgpu"]
-STRATEGIES: tuple[str, ...] = ("none", "single", "mixed", "vgpu")
+MigStrategy = Literal["none", "single", "mixed", "vgpu", "dynamic"]
+STRATEGIES: tuple[str, ...] = ("none", "single", "mixed", "vgpu", "dynamic")
 WHOLE = Slicing(1)
 
 
@@ -61,6 +65,8 @@ class Resource:
     register_empty: bool = True
     # devices offered whole are named by their UUID, as NVIDIA's plugin names them
     plain_ids: bool = False
+    # GPUs in MIG mode whose instances are made per container (`dynamic`)
+    dynamic: tuple[str, ...] = ()
 
 
 def _domain(resource_name: str) -> str:
@@ -89,9 +95,12 @@ def plan(
 ) -> list[Resource]:
     """The resources to register for this layout; MigConfigError when NVIDIA's plugin would refuse."""
     if strategy not in STRATEGIES:
-        raise MigConfigError(f"unknown MIG strategy {strategy!r} (none, single, mixed, vgpu)")
+        raise MigConfigError(f"unknown MIG strategy {strategy!r} (none, single, mixed, vgpu, dynamic)")
     if strategy == "none":
         return [Resource(resource_name, socket_name, tuple(layout.gpus), slicing, True)]
+    if strategy == "dynamic":
+        dyn = tuple(g.uuid for g in layout.gpus if layout.enabled(g.uuid))
+        return [Resource(resource_name, socket_name, tuple(layout.gpus), slicing, True, dynamic=dyn)]
     plain = tuple(g for g in layout.gpus if not layout.enabled(g.uuid))
     migs = list(layout.devices)
     for g in layout.gpus:

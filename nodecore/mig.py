@@ -73,6 +73,12 @@ def profile_name(gi_index: int, ci_index: int, mem_mib: int, total_bytes: int) -
     return base if c == g else f"{c}c.{base}"
 
 
+def gi_profile_name(gi_index: int, mem_mib: int, total_bytes: int) -> str:
+    """A GPU instance profile's name as go-nvlib writes it (`1g.35gb`, `1g.18gb+me`): the name of
+    its MIG device with a compute instance spanning it."""
+    return f"{_GI_SLICES.get(gi_index, 0)}g.{memory_gb(total_bytes, mem_mib)}gb{_GI_ATTR.get(gi_index, '')}"
+
+
 def resource_suffix(profile: str) -> str:
     """NVIDIA's mixed strategy resource name part: `mig-` + the profile with `+` as `.`
     (k8s-device-plugin internal/rm/rm.go AddDefaultResourcesToConfig)."""

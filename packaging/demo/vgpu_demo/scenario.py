@@ -139,6 +139,7 @@ class Demo:
         burn_kernel_us: int = 100,
         device_list_strategy: str = "envvar",
         mig_profile: str = "",
+        mig_dynamic: bool = False,
     ) -> None:
         # How Allocate names the GPU (device_plugin/strategy.py); the simulated toolkit is
         # configured as a node using it would be: volume-mounts with the secure pair of flags,
@@ -147,6 +148,9 @@ class Demo:
         # MIG (simulated only): the GPU is an H200 in MIG mode with one instance of this profile,
         # split by the plugin's `--mig-strategy vgpu` (docs/operators/mig.md)
         self.mig_profile = mig_profile
+        # dynamic MIG (simulated only): an H200 in MIG mode without instances, the plugin's
+        # `--mig-strategy dynamic` makes one per container the scheduler placed
+        self.mig_dynamic = mig_dynamic
         self.gpu_uuid = ""
         self.build = Path(build_dir).resolve()
         self.real = real_gpu
@@ -236,6 +240,14 @@ class Demo:
         self.env = self.gpu.env
         self.uuid = self.gpu_uuid = self.gpu.uuids[0]
         self.gpu_memory = 10 * GiB
+        if self.mig_dynamic:
+            from sim.fakegpu.mig import product
+
+            self.gpu.configure([product("h200-141gb", mig_mode=1, context_overhead=256 * MiB)])
+            self.uuid = self.gpu_uuid = self.gpu.uuids[0]
+            self.gpu_memory = int(product("h200-141gb")["memory"])
+            self.log(f"[1] simulated H200 in MIG mode {self.uuid}, no instance yet")
+            return {"uuid": self.uuid, "memory": self.gpu_memory, "simulated": True}
         if self.mig_profile:
             from sim.fakegpu.mig import product
 
@@ -270,6 +282,7 @@ class Demo:
                 "--device-list-strategy",
                 self.strategy,
                 *(["--mig-strategy", "vgpu"] if self.mig_profile else []),
+                *(["--mig-strategy", "dynamic"] if self.mig_dynamic else []),
                 "--log-level",
                 "info",
             ],
@@ -296,7 +309,11 @@ class Demo:
             pod.token = alloc.envs.get(TOKEN_ENV, "")
             if not pod.token or alloc.annotations.get(TOKEN_ANNOTATION) != pod.token:
                 raise StepFailed(f"Allocate for {pod.name} carried no allocation token: {alloc.envs}")
-            if self.strategy == "envvar" and alloc.envs.get("NVIDIA_VISIBLE_DEVICES") != self.uuid:
+            if (
+                self.strategy == "envvar"
+                and not self.mig_dynamic  # the MIG device made for it
+                and alloc.envs.get("NVIDIA_VISIBLE_DEVICES") != self.uuid
+            ):
                 raise StepFailed(f"{pod.name}: NVIDIA_VISIBLE_DEVICES={alloc.envs.get('NVIDIA_VISIBLE_DEVICES')!r}")
             rec = schemas.read_record(Paths(str(self.state_dir)).allocation_record(pod.token))
             [g] = rec.gpus
