@@ -92,7 +92,9 @@ class ExtraBytes:
                 seen = keys[k].get(dev.uuid)
                 if seen is None:
                     continue
-                extra = max(0, seen - s.device_bytes[j])
+                # memory shared with other processes is counted once in the region's ledger:
+                # not again as this process's extra
+                extra = max(0, seen - s.device_bytes[j] - snap.shared_held(s.index, j))
                 tag = (cid, s.index, j, k.pid, k.start_time)
                 last = self.written.get(tag, s.extra_bytes[j])
                 if abs(extra - last) >= EXTRA_WRITE_THRESHOLD or (extra == 0 and last != 0):

@@ -47,23 +47,26 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+# Suites collected only when a path under them is given on the command line, never by `make test`:
+# tests/cluster acts on whatever cluster KUBECONFIG names (`make test-cluster`); tests/frameworks
+# needs PyTorch, which `make test-frameworks` installs into a venv of its own.
 CLUSTER_SUITE = ROOT / "tests" / "cluster"
+OPT_IN_SUITES = (CLUSTER_SUITE, ROOT / "tests" / "frameworks")
 
 
-def _asked_for_cluster_suite(config: pytest.Config) -> bool:
+def _asked_for(suite: Path, config: pytest.Config) -> bool:
     for arg in config.args:
         p = Path(arg.split("::", 1)[0])
         p = (p if p.is_absolute() else Path(config.invocation_params.dir) / p).resolve()
-        if p == CLUSTER_SUITE or CLUSTER_SUITE in p.parents:
+        if p == suite or suite in p.parents:
             return True
     return False
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """tests/cluster acts on whatever cluster KUBECONFIG names: it is collected only when a path
-    under it is given on the command line (`make test-cluster`), never by `make test`."""
-    if collection_path == CLUSTER_SUITE or CLUSTER_SUITE in collection_path.parents:
-        return None if _asked_for_cluster_suite(config) else True
+    for suite in OPT_IN_SUITES:
+        if collection_path == suite or suite in collection_path.parents:
+            return None if _asked_for(suite, config) else True
     return None
 
 

@@ -28,15 +28,20 @@ if TYPE_CHECKING:
     from vgpu.limits import DeviceLimit
 
 MAGIC = 0x4E4F494745525056  # "VPREGION" little-endian
-VERSION = 1
+VERSION = 2
 MAX_DEVICES = 16
 MAX_SLOTS = 1024
+MAX_SHARED = 256
+SHARED_KEYS = 4
+SHARED_FDS = 4
 UUID_LEN = 96
 LOCK_BYTE = 1 << 32  # the region's write lock
 SLOT_LOCK_BASE = (1 << 32) + 4096  # + slot index: held (read lock) by the slot's owner
 SLOT_FREE = 0
 SLOT_ACTIVE = 1
 DEV_OVERSUBSCRIBE = 0x1
+SHARED_FREE = 0
+SHARED_LIVE = 1
 
 # The header's structs, field for field: (name, struct code, count) or (name, nested struct, count).
 STRUCTS: dict[str, tuple[tuple[str, str, int], ...]] = {
@@ -64,6 +69,16 @@ STRUCTS: dict[str, tuple[tuple[str, str, int], ...]] = {
         ("reserved", "Q", 4),
         ("dev", "vgpu_slot_device", MAX_DEVICES),
     ),
+    "vgpu_shared": (
+        ("state", "I", 1),
+        ("dev", "I", 1),
+        ("bytes", "Q", 1),
+        ("generation", "Q", 1),
+        ("keys", "Q", SHARED_KEYS),
+        ("export_pid", "i", SHARED_FDS),
+        ("export_fd", "i", SHARED_FDS),
+        ("holders", "Q", MAX_SLOTS // 64),
+    ),
     "vgpu_region": (
         ("magic", "Q", 1),
         ("version", "I", 1),
@@ -73,10 +88,11 @@ STRUCTS: dict[str, tuple[tuple[str, str, int], ...]] = {
         ("created", "Q", 1),
         ("generation", "Q", 1),
         ("slot_hwm", "I", 1),
-        ("reserved0", "I", 1),
+        ("shared_hwm", "I", 1),
         ("reserved", "Q", 7),
         ("devices", "vgpu_region_device", MAX_DEVICES),
         ("slots", "vgpu_slot", MAX_SLOTS),
+        ("shared", "vgpu_shared", MAX_SHARED),
     ),
 }
 _SCALAR = {"s": (1, 1), "I": (4, 4), "i": (4, 4), "Q": (8, 8)}
@@ -112,6 +128,7 @@ HEADER = _struct("vgpu_region", upto="devices")
 DEVICE = _struct("vgpu_region_device")
 SLOT_HEAD = _struct("vgpu_slot", upto="dev")
 SLOT_DEVICE = _struct("vgpu_slot_device")
+SHARED = _struct("vgpu_shared")
 
 _REGION = layout("vgpu_region")[2]
 _SLOT = layout("vgpu_slot")[2]
@@ -121,11 +138,14 @@ SLOT_DEV_OFFSET = _SLOT["dev"][0]
 SLOT_DEV_SIZE = layout("vgpu_slot_device")[0]
 SLOT_SIZE = layout("vgpu_slot")[0]
 SLOT_OFFSET = _REGION["slots"][0]
+SHARED_OFFSET = _REGION["shared"][0]
+SHARED_SIZE = layout("vgpu_shared")[0]
 REGION_SIZE = layout("vgpu_region")[0]
 CREATED_OFFSET = _REGION["created"][0]
 GENERATION_OFFSET = _REGION["generation"][0]
 EXTRA_BYTES_OFFSET = layout("vgpu_slot_device")[2]["extra_bytes"][0]
 assert HEADER.size == DEVICES_OFFSET and DEVICE.size == DEVICE_SIZE and SLOT_HEAD.size == SLOT_DEV_OFFSET
+assert SHARED.size == SHARED_SIZE
 
 # Linux OFD lock commands (not exported by the fcntl module on every Python).
 F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
@@ -256,13 +276,39 @@ class SlotInfo:
         return f"SlotInfo({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
 
 
-class RegionSnapshot:
-    __slots__ = ("created", "devices", "slots")
+class SharedInfo:
+    """One live entry of the ledger of memory shared between the container's processes."""
 
-    def __init__(self, devices: list[DeviceUsage], slots: list[SlotInfo], created: int = 0) -> None:
+    __slots__ = ("bytes", "device", "holders", "index")
+
+    def __init__(self, index: int, device: int, nbytes: int, holders: tuple[int, ...]) -> None:
+        self.index = index
+        self.device = device
+        self.bytes = nbytes
+        self.holders = holders
+
+    def __repr__(self) -> str:
+        return f"SharedInfo({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
+
+
+class RegionSnapshot:
+    __slots__ = ("created", "devices", "shared", "slots")
+
+    def __init__(
+        self,
+        devices: list[DeviceUsage],
+        slots: list[SlotInfo],
+        created: int = 0,
+        shared: list[SharedInfo] | None = None,
+    ) -> None:
         self.devices = devices
         self.slots = slots
         self.created = created
+        self.shared = shared or []
+
+    def shared_held(self, slot: int, device: int) -> int:
+        """Bytes of the shared allocations on `device` that slot `slot` holds."""
+        return sum(e.bytes for e in self.shared if e.device == device and slot in e.holders)
 
 
 def parse(buf: bytes | bytearray) -> RegionSnapshot:
@@ -317,7 +363,19 @@ def parse(buf: bytes | bytearray) -> RegionSnapshot:
                 ctx_reserve=tuple(d[3] for d in per),
             )
         )
-    return RegionSnapshot(devices, slots, created)
+    shared: list[SharedInfo] = []
+    for i in range(MAX_SHARED):
+        st, dev, nbytes, _gen, *rest = SHARED.unpack_from(buf, SHARED_OFFSET + i * SHARED_SIZE)
+        if st == SHARED_FREE:
+            continue
+        if st != SHARED_LIVE:
+            raise RegionCorrupt(f"shared entry {i}: invalid state {st}")
+        if dev >= nd:
+            raise RegionCorrupt(f"shared entry {i}: device {dev} out of range")
+        words = rest[SHARED_KEYS + 2 * SHARED_FDS :]
+        holders = tuple(w * 64 + b for w, word in enumerate(words) for b in range(64) if word >> b & 1)
+        shared.append(SharedInfo(i, dev, nbytes, holders))
+    return RegionSnapshot(devices, slots, created, shared)
 
 
 def _open_regular(path: str, flags: int) -> int:

@@ -13,7 +13,9 @@
  * never changes without bumping VGPU_REGION_VERSION.
  *
  * Accounting rule (libvgpu.so): for device d, the container's usage is the sum
- * over ACTIVE slots of device_bytes + host_bytes + max(extra_bytes, ctx_reserve).
+ * over ACTIVE slots of device_bytes + host_bytes + max(extra_bytes, ctx_reserve),
+ * plus the bytes of every LIVE entry of shared[] on d (memory shared between
+ * processes of the container: counted once, whoever holds it).
  * A charge is checked and added under the region lock; a process lowers only
  * its own slot's counters, lock-free (atomic), after the driver freed memory.
  * devices[].used_device/used_host are informational totals, recomputed under
@@ -31,7 +33,7 @@
 #include <stdint.h>
 
 #define VGPU_REGION_MAGIC      0x4e4f494745525056ULL /* "VPREGION" little-endian */
-#define VGPU_REGION_VERSION    1u
+#define VGPU_REGION_VERSION    2u
 #define VGPU_MAX_DEVICES       16u
 #define VGPU_MAX_SLOTS         1024u
 #define VGPU_UUID_LEN          96u   /* NUL-terminated, as NVML's buffer */
@@ -46,6 +48,13 @@
 
 /* per-device flags */
 #define VGPU_DEV_OVERSUBSCRIBE 0x1u
+
+/* the ledger of shared allocations */
+#define VGPU_MAX_SHARED        256u
+#define VGPU_SHARED_FREE       0u
+#define VGPU_SHARED_LIVE       1u
+#define VGPU_SHARED_KEYS       4u
+#define VGPU_SHARED_FDS        4u
 
 struct vgpu_region_device {
     char     uuid[VGPU_UUID_LEN];  /* GPU UUID ("GPU-...") this entry limits */
@@ -76,6 +85,22 @@ struct vgpu_slot {
     struct vgpu_slot_device dev[VGPU_MAX_DEVICES];
 };
 
+/* Device memory shared between processes of the container (exported with
+ * cuMemExportToShareableHandle or cuIpcGetMemHandle, imported by others): one
+ * entry per allocation, counted once for the container while any slot in
+ * holders[] holds it, freed with the last holder.  Written under the region
+ * lock only. */
+struct vgpu_shared {
+    uint32_t state;          /* VGPU_SHARED_* */
+    uint32_t dev;            /* limits index */
+    uint64_t bytes;          /* device memory counted for the container */
+    uint64_t generation;     /* bumped whenever the entry is (re)used */
+    uint64_t keys[VGPU_SHARED_KEYS];      /* legacy IPC: hashes of the handles handed out, 0 unused */
+    int32_t  export_pid[VGPU_SHARED_FDS]; /* a process (container pid) holding a descriptor of */
+    int32_t  export_fd[VGPU_SHARED_FDS];  /* the export, for kcmp(KCMP_FILE); pid 0 unused */
+    uint64_t holders[VGPU_MAX_SLOTS / 64]; /* bitmap of the slots holding it */
+};
+
 struct vgpu_region {
     uint64_t magic;          /* VGPU_REGION_MAGIC */
     uint32_t version;        /* VGPU_REGION_VERSION */
@@ -85,10 +110,11 @@ struct vgpu_region {
     uint64_t created;        /* unix seconds, set by the hook */
     uint64_t generation;     /* bumped on every accounting change */
     uint32_t slot_hwm;       /* slots at index >= slot_hwm are FREE (library, under the lock) */
-    uint32_t reserved0;
+    uint32_t shared_hwm;     /* shared[] entries at index >= shared_hwm are FREE (idem) */
     uint64_t reserved[7];
     struct vgpu_region_device devices[VGPU_MAX_DEVICES];
     struct vgpu_slot slots[VGPU_MAX_SLOTS];
+    struct vgpu_shared shared[VGPU_MAX_SHARED];
 };
 
 #endif /* VGPU_REGION_H */

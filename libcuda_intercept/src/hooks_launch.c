@@ -40,5 +40,4 @@ FWD(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction fn, void **kp, void *
 FWD(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *c, CUfunction fn, void **kp, void **ex), (c, fn, kp, ex))
 FWD(cuLaunchCooperativeKernel, CK_PARAMS, CK_ARGS)
 FWD(cuLaunchCooperativeKernel_ptsz, CK_PARAMS, CK_ARGS)
-FWD(cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s))
-FWD(cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s))
+/* cuGraphLaunch / _ptsz: hooks_graph.c (graphs with memory nodes allocate when launched) */

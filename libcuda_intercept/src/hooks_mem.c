@@ -16,7 +16,7 @@
 #define KIND_RELEASED 0x100u /* t_vmm: handle released, waiting for its last unmap */
 
 /* 1: account on limits index *idx; 0: pass through untracked; -1: return *rc */
-static int begin(int dev, int *idx, CUresult *rc)
+int vgpu_begin(int dev, int *idx, CUresult *rc)
 {
     if (vgpu_in_hook)
         return 0;
@@ -49,15 +49,23 @@ static int begin(int dev, int *idx, CUresult *rc)
     return 1;
 }
 
-static int charge(int idx, uint64_t n, int kind)
+int vgpu_charge(int idx, uint64_t n, int kind)
 {
     const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
     int r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, vgpu_ctx_reserve(), kind);
+    /* memory this process's pools or graph pool no longer hold may still be charged (they give
+     * it back at synchronisations the hooks do not all see): bring those charges up to date
+     * once before refusing */
+    if (r != 0 && (vgpu_pools_refresh(idx) | vgpu_graph_refresh(idx)))
+        r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, vgpu_ctx_reserve(), kind);
     if (r != 0)
         VLOG(VGPU_LOG_INFO, "refusing %llu bytes on %s: over the container limit of %llu", (unsigned long long)n,
              L->uuid, (unsigned long long)L->memory_limit);
     return r;
 }
+
+#define begin vgpu_begin
+#define charge vgpu_charge
 
 static int oversubscribed(int idx) { return vgpu_limits()->dev[idx].oversubscribe; }
 
@@ -67,11 +75,12 @@ static uint64_t mul_sat(uint64_t a, uint64_t b)
     return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-static int remember(struct vgpu_track *t, uint64_t key, uint64_t size, int idx, unsigned kind, uint64_t aux)
+int vgpu_remember(struct vgpu_track *t, uint64_t key, uint64_t size, int idx, unsigned kind, uint64_t aux)
 {
     struct vgpu_rec r = {.key = key, .size = size, .aux = aux, .dev = (uint32_t)idx, .kind = kind};
     return vgpu_track_put(t, &r);
 }
+#define remember vgpu_remember
 
 #define NEED(fn)                            \
     do {                                    \
@@ -181,121 +190,36 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned fla
 
 /* shared by cuMemFree_v2 and cuMemFreeAsync(_ptsz): forget first (so a
  * concurrent allocation that reuses the address cannot lose its record),
- * free, then return the charge; put the record back if the driver refuses. */
-static CUresult free_tracked(CUdeviceptr p, CUresult (*fn)(CUdeviceptr, CUstream), CUstream s, int sync)
+ * free, then return the charge; put the record back if the driver refuses.
+ * A pool allocation returns nothing (its pool keeps the memory: hooks_pool.c);
+ * one exported to other processes lets go of its ledger entry (hooks_share.c). */
+CUresult vgpu_free_tracked(CUdeviceptr p, CUresult (*fn)(CUdeviceptr, CUstream), CUstream s, int sync)
 {
     struct vgpu_rec r;
     int tracked = !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE && vgpu_track_take(&vgpu_t_ptr, p, &r);
     CUresult rc = sync ? REAL(cuMemFree_v2)(p) : fn(p, s);
-    if (!tracked)
+    if (!tracked) {
+        /* maybe a graph allocation (not while capturing: that frees it in the graph) */
+        if (rc == CUDA_SUCCESS && !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE && (sync || !vgpu_capturing(s, fn)))
+            vgpu_graph_freed(p);
         return rc;
-    if (rc == CUDA_SUCCESS)
-        vgpu_rgn_uncharge(r.dev, r.size, (int)r.kind);
-    else
+    }
+    if (rc != CUDA_SUCCESS)
         vgpu_track_put(&vgpu_t_ptr, &r);
+    else if (r.kind == VGPU_KIND_POOL)
+        vgpu_pool_freed(r.aux);
+    else if (r.ext)
+        vgpu_share_release(r.ext);
+    else
+        vgpu_rgn_uncharge(r.dev, r.size, (int)r.kind);
     return rc;
 }
+#define free_tracked vgpu_free_tracked
 
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 {
     NEED(cuMemFree_v2);
     return free_tracked(p, NULL, NULL, 1);
-}
-
-/* ------------------------------------------------ stream-ordered / pools */
-
-static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUresult (*pfn)(CUdeviceptr *, size_t,
-                                                                                             CUmemoryPool, CUstream),
-                            CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
-{
-    int dev = -1;
-    struct vgpu_rec pr;
-    if (pfn && vgpu_track_get(&vgpu_t_pool, (uint64_t)(uintptr_t)pool, &pr))
-        dev = (int)pr.aux; /* the pool's own device, not the current context's */
-    CUresult rc = CUDA_SUCCESS;
-    int idx, b = begin(dev, &idx, &rc);
-    if (b <= 0)
-        return b < 0 ? rc : (pfn ? pfn(dptr, n, pool, s) : fn(dptr, n, s));
-    if (charge(idx, n, VGPU_KIND_DEVICE) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    vgpu_in_hook++;
-    rc = pfn ? pfn(dptr, n, pool, s) : fn(dptr, n, s);
-    vgpu_in_hook--;
-    if (rc != CUDA_SUCCESS) {
-        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
-        return rc;
-    }
-    if (remember(&vgpu_t_ptr, *dptr, n, idx, VGPU_KIND_DEVICE, 0) != 0) {
-        REAL(cuMemFree_v2)(*dptr);
-        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
-{
-    NEED(cuMemAllocAsync);
-    return alloc_async(REAL(cuMemAllocAsync), NULL, dptr, n, NULL, s);
-}
-
-VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
-{
-    NEED(cuMemAllocAsync_ptsz);
-    return alloc_async(REAL(cuMemAllocAsync_ptsz), NULL, dptr, n, NULL, s);
-}
-
-VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
-{
-    NEED(cuMemAllocFromPoolAsync);
-    return alloc_async(NULL, REAL(cuMemAllocFromPoolAsync), dptr, n, pool, s);
-}
-
-VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
-{
-    NEED(cuMemAllocFromPoolAsync_ptsz);
-    return alloc_async(NULL, REAL(cuMemAllocFromPoolAsync_ptsz), dptr, n, pool, s);
-}
-
-VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
-{
-    NEED(cuMemFreeAsync);
-    return free_tracked(p, REAL(cuMemFreeAsync), s, 0);
-}
-
-VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
-{
-    NEED(cuMemFreeAsync_ptsz);
-    return free_tracked(p, REAL(cuMemFreeAsync_ptsz), s, 0);
-}
-
-/* Pool allocations are charged per allocation (above) and returned by their
- * free.  Memory a pool keeps cached after frees is physical usage the hooks
- * cannot attribute; the monitor's extra_bytes (NVML-observed) counts it.
- * Pools are tracked only to charge FromPool allocations to the pool's device. */
-VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
-{
-    NEED(cuMemPoolCreate);
-    CUresult rc = REAL(cuMemPoolCreate)(pool, props);
-    if (rc == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-        vgpu_status() != VGPU_ST_INACTIVE)
-        remember(&vgpu_t_pool, (uint64_t)(uintptr_t)*pool, 0, 0, 0, (uint64_t)(unsigned)props->location.id);
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-    NEED(cuMemPoolDestroy);
-    CUresult rc = REAL(cuMemPoolDestroy)(pool);
-    if (rc == CUDA_SUCCESS && vgpu_status() != VGPU_ST_INACTIVE)
-        vgpu_track_take(&vgpu_t_pool, (uint64_t)(uintptr_t)pool, NULL);
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
-{
-    NEED(cuMemPoolTrimTo);
-    return REAL(cuMemPoolTrimTo)(pool, keep);
 }
 
 /* -------------------------------------------------------------------- VMM */
@@ -332,7 +256,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, cons
 
 struct vmm_op {
     int delta_maps; /* +1 map, -1 unmap, 0 release */
-    uint64_t size;
+    uint64_t size, ref;
     uint32_t dev;
     int uncharge;
 };
@@ -351,14 +275,21 @@ static int vmm_apply(struct vgpu_rec *r, void *arg, int *remove)
         op->uncharge = 1;
         op->size = r->size;
         op->dev = r->dev;
+        op->ref = r->ext;
     }
     return 0;
 }
 
+/* The handle's memory is freed when it is released and unmapped: its charge goes back (to the
+ * shared ledger if other processes may hold it too). */
 static void vmm_change(uint64_t handle, int delta)
 {
     struct vmm_op op = {.delta_maps = delta};
-    if (vgpu_track_update(&vgpu_t_vmm, handle, vmm_apply, &op) == 0 && op.uncharge)
+    if (vgpu_track_update(&vgpu_t_vmm, handle, vmm_apply, &op) != 0 || !op.uncharge)
+        return;
+    if (op.ref)
+        vgpu_share_release(op.ref);
+    else
         vgpu_rgn_uncharge(op.dev, op.size, VGPU_KIND_DEVICE);
 }
 
@@ -375,9 +306,20 @@ VGPU_EXPORT CUresult cuMemMap(CUdeviceptr p, size_t n, size_t off, CUmemGenericA
                               unsigned long long flags)
 {
     NEED(cuMemMap);
+    struct vgpu_rec hr;
+    int tracked = !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE && vgpu_track_get(&vgpu_t_vmm, h, &hr);
+    /* an imported handle whose size was not known: each mapping of it is charged */
+    uint64_t mcharge = tracked && (hr.kind & VGPU_KIND_MAPCHARGE) ? n : 0;
+    if (mcharge && charge((int)hr.dev, mcharge, VGPU_KIND_DEVICE) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = REAL(cuMemMap)(p, n, off, h, flags);
-    if (rc == CUDA_SUCCESS && vgpu_status() != VGPU_ST_INACTIVE && vgpu_track_get(&vgpu_t_vmm, h, NULL)) {
-        remember(&vgpu_t_map, p, n, 0, 0, h);
+    if (rc != CUDA_SUCCESS) {
+        if (mcharge)
+            vgpu_rgn_uncharge(hr.dev, mcharge, VGPU_KIND_DEVICE);
+        return rc;
+    }
+    if (tracked) {
+        remember(&vgpu_t_map, p, mcharge, (int)hr.dev, 0, h);
         vmm_change(h, +1);
     }
     return rc;
@@ -391,10 +333,13 @@ struct unmapped {
 static void collect_unmapped(const struct vgpu_rec *r, void *arg)
 {
     struct unmapped *u = arg;
-    if (u->n < 64)
+    if (u->n < 64) {
         u->handles[u->n++] = r->aux;
-    else
+        if (r->size) /* a mapping charged on its own */
+            vgpu_rgn_uncharge(r->dev, r->size, VGPU_KIND_DEVICE);
+    } else {
         u->overflow = 1;
+    }
 }
 
 VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t n)

@@ -159,6 +159,8 @@ static void recompute_locked(void)
     __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
 }
 
+static void shared_release_slot_locked(unsigned slot, int32_t pid);
+
 /* under the lock: clear slots whose owner is gone; returns count */
 static int reclaim_locked(void)
 {
@@ -171,6 +173,8 @@ static int reclaim_locked(void)
         if (st == VGPU_SLOT_ACTIVE && slot_alive(g_fd, i) != 0)
             continue; /* alive (or cannot tell: keep it) */
         VLOG(VGPU_LOG_DEBUG, "reclaiming slot %u (pid %d)", i, (int)LD(&s->pid));
+        /* a dead process lets go of what it shared; what others still hold stays counted */
+        shared_release_slot_locked(i, LD(&s->pid));
         memset(s, 0, sizeof *s);
         n++;
     }
@@ -384,13 +388,32 @@ int vgpu_rgn_join(char *err, size_t errlen)
 
 static void sat_sub(uint64_t *p, uint64_t n);
 
-/* usage of device dev over the active slots (ours included) */
+static unsigned shared_hwm(void)
+{
+    uint32_t h = __atomic_load_n(&g_r->shared_hwm, __ATOMIC_SEQ_CST);
+    return h > VGPU_MAX_SHARED ? VGPU_MAX_SHARED : h;
+}
+
+/* device memory of the container's shared allocations on dev */
+static uint64_t shared_of(unsigned dev)
+{
+    unsigned h = shared_hwm();
+    uint64_t sum = 0;
+    for (unsigned i = 0; i < h; i++) {
+        const struct vgpu_shared *e = &g_r->shared[i];
+        if (__atomic_load_n(&e->state, __ATOMIC_ACQUIRE) == VGPU_SHARED_LIVE && LD(&e->dev) == dev)
+            sum = vgpu_sat_add(sum, LD(&e->bytes));
+    }
+    return sum;
+}
+
+/* usage of device dev over the active slots (ours included) and the shared allocations */
 static uint64_t usage_of(unsigned dev)
 {
     unsigned h = hwm();
     if ((unsigned)g_slot >= h)
         h = (unsigned)g_slot + 1;
-    uint64_t sum = 0;
+    uint64_t sum = shared_of(dev);
     for (unsigned i = 0; i < h; i++) {
         const struct vgpu_slot *s = &g_r->slots[i];
         if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == VGPU_SLOT_ACTIVE)
@@ -501,6 +524,7 @@ void vgpu_rgn_usage(unsigned dev, struct vgpu_usage *u)
         u->host = vgpu_sat_add(u->host, LD(&sd->host_bytes));
         u->extra = vgpu_sat_add(u->extra, e > c ? e : c);
     }
+    u->device = vgpu_sat_add(u->device, shared_of(dev));
 }
 
 int vgpu_rgn_reclaim(void)
@@ -533,4 +557,246 @@ void vgpu_rgn_atfork_child(void)
     if (g_r)
         munmap(g_r, sizeof *g_r);
     g_r = NULL;
+}
+
+/* ------------------------------------------------------------ shared ledger
+ *
+ * Memory shared between processes of the container counts once, in an entry
+ * of shared[] held by every slot that holds it, whatever the order in which
+ * they free it.  Entries change only under the region lock; chargers read
+ * them lock-free (usage_of), which sees an entry's bytes from the moment it
+ * is LIVE: an entry is made LIVE before the bytes it takes over leave the
+ * slot that charged them, so a concurrent checker can only see too much.
+ * A reference is (index + 1) | generation << 32.
+ */
+
+#include <sys/syscall.h>
+
+#ifndef KCMP_FILE
+#define KCMP_FILE 0
+#endif
+
+static uint64_t ref_of(unsigned i) { return (uint64_t)(i + 1) | (LD(&g_r->shared[i].generation) << 32); }
+
+/* the live entry a reference names, or NULL (under the lock) */
+static struct vgpu_shared *entry_locked(uint64_t ref)
+{
+    uint64_t i = (ref & 0xffffffffu) - 1;
+    if (!g_r || i >= VGPU_MAX_SHARED)
+        return NULL;
+    struct vgpu_shared *e = &g_r->shared[i];
+    if (LD(&e->state) != VGPU_SHARED_LIVE || (LD(&e->generation) & 0xffffffffu) != (ref >> 32))
+        return NULL;
+    return e;
+}
+
+static void set_holder(struct vgpu_shared *e, unsigned slot, int on)
+{
+    uint64_t bit = 1ull << (slot % 64);
+    if (on)
+        __atomic_or_fetch(&e->holders[slot / 64], bit, __ATOMIC_RELAXED);
+    else
+        __atomic_and_fetch(&e->holders[slot / 64], ~bit, __ATOMIC_RELAXED);
+}
+
+static int has_holders(const struct vgpu_shared *e)
+{
+    for (unsigned w = 0; w < VGPU_MAX_SLOTS / 64; w++)
+        if (LD(&e->holders[w]))
+            return 1;
+    return 0;
+}
+
+static void recompute_shared_hwm_locked(void)
+{
+    unsigned last = 0;
+    for (unsigned i = 0; i < VGPU_MAX_SHARED; i++)
+        if (LD(&g_r->shared[i].state) == VGPU_SHARED_LIVE)
+            last = i + 1;
+    __atomic_store_n(&g_r->shared_hwm, last, __ATOMIC_SEQ_CST);
+}
+
+static void free_entry_locked(struct vgpu_shared *e)
+{
+    __atomic_store_n(&e->state, VGPU_SHARED_FREE, __ATOMIC_SEQ_CST);
+    recompute_shared_hwm_locked();
+    __atomic_add_fetch(&g_r->generation, 1, __ATOMIC_RELAXED);
+}
+
+/* a new LIVE entry of n bytes on dev held by this slot, or NULL (full) */
+static struct vgpu_shared *new_entry_locked(unsigned dev, uint64_t n)
+{
+    for (unsigned i = 0; i < VGPU_MAX_SHARED; i++) {
+        struct vgpu_shared *e = &g_r->shared[i];
+        if (LD(&e->state) == VGPU_SHARED_LIVE)
+            continue;
+        uint64_t gen = LD(&e->generation) + 1;
+        memset(e, 0, sizeof *e);
+        ST(&e->generation, gen);
+        ST(&e->dev, dev);
+        ST(&e->bytes, n);
+        set_holder(e, (unsigned)g_slot, 1);
+        __atomic_store_n(&e->state, VGPU_SHARED_LIVE, __ATOMIC_SEQ_CST);
+        if (i + 1 > shared_hwm())
+            __atomic_store_n(&g_r->shared_hwm, i + 1, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        return e;
+    }
+    return NULL;
+}
+
+static void release_locked(struct vgpu_shared *e, unsigned slot, int32_t pid)
+{
+    for (unsigned k = 0; k < VGPU_SHARED_FDS; k++)
+        if (LD(&e->export_pid[k]) == pid) {
+            if (pid == (int32_t)getpid() && (int)slot == g_slot)
+                close(LD(&e->export_fd[k])); /* our descriptor kept for kcmp */
+            ST(&e->export_pid[k], 0);
+        }
+    set_holder(e, slot, 0);
+    if (!has_holders(e))
+        free_entry_locked(e);
+}
+
+static void shared_release_slot_locked(unsigned slot, int32_t pid)
+{
+    unsigned h = shared_hwm();
+    for (unsigned i = 0; i < h; i++) {
+        struct vgpu_shared *e = &g_r->shared[i];
+        if (LD(&e->state) == VGPU_SHARED_LIVE && (LD(&e->holders[slot / 64]) >> (slot % 64)) & 1)
+            release_locked(e, slot, pid);
+    }
+}
+
+uint64_t vgpu_rgn_share(unsigned dev, uint64_t n)
+{
+    if (!g_r || g_slot < 0 || dev >= g_ndev)
+        return 0;
+    lock_region();
+    struct vgpu_shared *e = new_entry_locked(dev, n);
+    uint64_t ref = e ? ref_of((unsigned)(e - g_r->shared)) : 0;
+    unlock_region();
+    if (e) /* the entry counts the bytes now: the slot lets them go */
+        vgpu_rgn_uncharge(dev, n, VGPU_KIND_DEVICE);
+    else
+        VLOG(VGPU_LOG_WARN, "shared-allocation ledger full (%u): %llu bytes stay with this process", VGPU_MAX_SHARED,
+             (unsigned long long)n);
+    return ref;
+}
+
+int vgpu_rgn_share_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t *ref)
+{
+    *ref = 0;
+    if (!g_r || g_slot < 0 || dev >= g_ndev)
+        return -1;
+    lock_region();
+    struct vgpu_shared *e = new_entry_locked(dev, n);
+    int rc = -1;
+    if (e && usage_of(dev) <= limit) { /* added, then checked: as try_charge */
+        *ref = ref_of((unsigned)(e - g_r->shared));
+        rc = 0;
+    } else if (e) {
+        free_entry_locked(e);
+    }
+    unlock_region();
+    return rc;
+}
+
+uint64_t vgpu_rgn_share_find_key(uint64_t key)
+{
+    if (!g_r || g_slot < 0 || key == 0)
+        return 0;
+    uint64_t ref = 0;
+    lock_region();
+    unsigned h = shared_hwm();
+    for (unsigned i = 0; i < h && !ref; i++) {
+        struct vgpu_shared *e = &g_r->shared[i];
+        if (LD(&e->state) != VGPU_SHARED_LIVE)
+            continue;
+        for (unsigned k = 0; k < VGPU_SHARED_KEYS; k++)
+            if (LD(&e->keys[k]) == key) {
+                set_holder(e, (unsigned)g_slot, 1);
+                ref = ref_of(i);
+                break;
+            }
+    }
+    unlock_region();
+    return ref;
+}
+
+void vgpu_rgn_share_add_key(uint64_t ref, uint64_t key)
+{
+    if (!g_r || key == 0)
+        return;
+    lock_region();
+    struct vgpu_shared *e = entry_locked(ref);
+    if (e) {
+        unsigned k, free_k = VGPU_SHARED_KEYS;
+        for (k = 0; k < VGPU_SHARED_KEYS; k++) {
+            if (LD(&e->keys[k]) == key)
+                break;
+            if (!LD(&e->keys[k]) && free_k == VGPU_SHARED_KEYS)
+                free_k = k;
+        }
+        if (k == VGPU_SHARED_KEYS && free_k < VGPU_SHARED_KEYS)
+            ST(&e->keys[free_k], key);
+    }
+    unlock_region();
+}
+
+int vgpu_rgn_share_add_fd(uint64_t ref, int fd)
+{
+    int rc = -1;
+    if (!g_r)
+        return rc;
+    lock_region();
+    struct vgpu_shared *e = entry_locked(ref);
+    for (unsigned k = 0; e && k < VGPU_SHARED_FDS; k++)
+        if (LD(&e->export_pid[k]) == 0) {
+            ST(&e->export_fd[k], fd);
+            ST(&e->export_pid[k], (int32_t)getpid());
+            rc = 0;
+            break;
+        }
+    unlock_region();
+    return rc;
+}
+
+uint64_t vgpu_rgn_share_find_fd(int fd)
+{
+    if (!g_r || g_slot < 0 || fd < 0)
+        return 0;
+    uint64_t ref = 0;
+    pid_t self = getpid();
+    lock_region();
+    unsigned h = shared_hwm();
+    for (unsigned i = 0; i < h && !ref; i++) {
+        struct vgpu_shared *e = &g_r->shared[i];
+        if (LD(&e->state) != VGPU_SHARED_LIVE)
+            continue;
+        for (unsigned k = 0; k < VGPU_SHARED_FDS; k++) {
+            int32_t pid = LD(&e->export_pid[k]);
+            /* the same open file as the exporter's descriptor (passed with SCM_RIGHTS or
+             * pidfd_getfd): the same allocation.  Needs ptrace-read access to the exporter
+             * (same user, same container); where kcmp is refused the importer counts it. */
+            if (pid > 0 && syscall(SYS_kcmp, (pid_t)self, (pid_t)pid, KCMP_FILE, fd, LD(&e->export_fd[k])) == 0) {
+                set_holder(e, (unsigned)g_slot, 1);
+                ref = ref_of(i);
+                break;
+            }
+        }
+    }
+    unlock_region();
+    return ref;
+}
+
+void vgpu_rgn_share_drop(uint64_t ref)
+{
+    if (!g_r || g_slot < 0)
+        return;
+    lock_region();
+    struct vgpu_shared *e = entry_locked(ref);
+    if (e)
+        release_locked(e, (unsigned)g_slot, (int32_t)getpid());
+    unlock_region();
 }

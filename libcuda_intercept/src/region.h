@@ -39,6 +39,26 @@ void vgpu_rgn_usage(unsigned dev, struct vgpu_usage *u);
 /* Reclaim slots whose owner died (takes the lock).  Returns the number freed. */
 int vgpu_rgn_reclaim(void);
 
+/* The ledger of device memory shared between processes of the container
+ * (vgpu_region.h: shared[]).  A reference is (index + 1) | generation << 32;
+ * 0 means none.  This process holds an entry from the call that returns its
+ * reference until vgpu_rgn_share_drop (or its death).
+ *  - vgpu_rgn_share: n bytes this slot charged become a new entry (0: the
+ *    ledger is full and the charge stays with the slot).
+ *  - vgpu_rgn_share_charge: a new entry of n bytes, checked against limit as
+ *    a charge: 0 ok (*ref), -1 over the limit or full.
+ *  - vgpu_rgn_share_find_key / _find_fd: hold the entry whose legacy IPC
+ *    handle hash is key / whose export descriptor is the same open file as fd.
+ *  - _add_key / _add_fd: what importers will look for (fd: a descriptor this
+ *    process keeps open until it drops the entry). */
+uint64_t vgpu_rgn_share(unsigned dev, uint64_t n);
+int vgpu_rgn_share_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t *ref);
+uint64_t vgpu_rgn_share_find_key(uint64_t key);
+uint64_t vgpu_rgn_share_find_fd(int fd);
+void vgpu_rgn_share_add_key(uint64_t ref, uint64_t key);
+int vgpu_rgn_share_add_fd(uint64_t ref, int fd);
+void vgpu_rgn_share_drop(uint64_t ref);
+
 /* fork handlers */
 void vgpu_rgn_atfork_prepare(void);
 void vgpu_rgn_atfork_parent(void);

@@ -34,6 +34,9 @@ struct vgpu_track vgpu_t_vmm = VGPU_TRACK_INIT;
 struct vgpu_track vgpu_t_map = VGPU_TRACK_INIT;
 struct vgpu_track vgpu_t_arr = VGPU_TRACK_INIT;
 struct vgpu_track vgpu_t_pool = VGPU_TRACK_INIT;
+struct vgpu_track vgpu_t_exec = VGPU_TRACK_INIT;
+struct vgpu_track vgpu_t_ipc = VGPU_TRACK_INIT;
+struct vgpu_track vgpu_t_shr = VGPU_TRACK_INIT;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct vgpu_limits g_lim;
@@ -303,10 +306,16 @@ static void at_prepare(void)
     vgpu_track_lock(&vgpu_t_map);
     vgpu_track_lock(&vgpu_t_arr);
     vgpu_track_lock(&vgpu_t_pool);
+    vgpu_track_lock(&vgpu_t_exec);
+    vgpu_track_lock(&vgpu_t_ipc);
+    vgpu_track_lock(&vgpu_t_shr);
 }
 
 static void at_parent(void)
 {
+    vgpu_track_unlock(&vgpu_t_shr);
+    vgpu_track_unlock(&vgpu_t_ipc);
+    vgpu_track_unlock(&vgpu_t_exec);
     vgpu_track_unlock(&vgpu_t_pool);
     vgpu_track_unlock(&vgpu_t_arr);
     vgpu_track_unlock(&vgpu_t_map);
@@ -325,6 +334,10 @@ static void at_child(void)
     vgpu_track_reset_child(&vgpu_t_map);
     vgpu_track_reset_child(&vgpu_t_arr);
     vgpu_track_reset_child(&vgpu_t_pool);
+    vgpu_track_reset_child(&vgpu_t_exec);
+    vgpu_track_reset_child(&vgpu_t_ipc);
+    vgpu_track_reset_child(&vgpu_t_shr);
+    vgpu_hooks_atfork_child();
     vgpu_rgn_atfork_child();
     pthread_mutex_init(&g_mu, NULL);
     pthread_mutex_init(&g_nvml_mu, NULL);

@@ -175,3 +175,14 @@ int vgpu_track_take_range(struct vgpu_track *t, uint64_t lo, uint64_t hi, void (
     pthread_mutex_unlock(&t->mu);
     return n;
 }
+
+void vgpu_track_each(struct vgpu_track *t, void (*fn)(struct vgpu_rec *, void *), void *arg)
+{
+    pthread_mutex_lock(&t->mu);
+    for (uint64_t i = 0; i < t->cap; i++) {
+        uint64_t k = t->tab[i].key;
+        if (k != EMPTY && k != DELETED)
+            fn(&t->tab[i], arg);
+    }
+    pthread_mutex_unlock(&t->mu);
+}

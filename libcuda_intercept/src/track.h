@@ -10,6 +10,7 @@ struct vgpu_rec {
     uint64_t key;   /* 0 = empty, UINT64_MAX = deleted */
     uint64_t size;  /* bytes charged */
     uint64_t aux;   /* per-table meaning (VMM: handle; map: mapping count) */
+    uint64_t ext;   /* per-table meaning (a shared-ledger reference; a pool's live allocations) */
     uint32_t dev;   /* limits index */
     uint32_t kind;  /* VGPU_KIND_* or table-specific flags */
 };
@@ -40,6 +41,10 @@ void vgpu_track_lock(struct vgpu_track *t);
 void vgpu_track_unlock(struct vgpu_track *t);
 /* after fork in the child: forget everything (the child owns no GPU memory) */
 void vgpu_track_reset_child(struct vgpu_track *t);
+
+/* call fn on every record, in place, under the table lock (fn must not call
+ * back into this table) */
+void vgpu_track_each(struct vgpu_track *t, void (*fn)(struct vgpu_rec *, void *), void *arg);
 
 #endif
 

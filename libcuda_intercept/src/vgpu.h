@@ -58,6 +58,38 @@
                                        unsigned, CUstream, void **))                                               \
     X(cuGraphLaunch, (CUgraphExec, CUstream))                                                                      \
     X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                                 \
+    X(cuGraphUpload, (CUgraphExec, CUstream))                                                                      \
+    X(cuGraphUpload_ptsz, (CUgraphExec, CUstream))                                                                 \
+    X(cuGraphInstantiate, (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t))                                 \
+    X(cuGraphInstantiate_v2, (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t))                              \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))                                   \
+    X(cuGraphInstantiateWithParams, (CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *))                     \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *))                \
+    X(cuGraphExecDestroy, (CUgraphExec))                                                                           \
+    X(cuDeviceGraphMemTrim, (CUdevice))                                                                            \
+    X(cuDeviceGetGraphMemAttribute, (CUdevice, int, void *))                                                       \
+    X(cuGraphGetNodes, (CUgraph, CUgraphNode *, size_t *))                                                         \
+    X(cuGraphNodeGetType, (CUgraphNode, int *))                                                                    \
+    X(cuGraphMemAllocNodeGetParams, (CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *))                                   \
+    X(cuGraphMemFreeNodeGetParams, (CUgraphNode, CUdeviceptr *))                                                   \
+    X(cuStreamIsCapturing, (CUstream, int *))                                                                      \
+    X(cuStreamIsCapturing_ptsz, (CUstream, int *))                                                                 \
+    X(cuStreamSynchronize, (CUstream))                                                                             \
+    X(cuStreamSynchronize_ptsz, (CUstream))                                                                        \
+    X(cuCtxSynchronize, (void))                                                                                    \
+    X(cuCtxSynchronize_v2, (CUcontext))                                                                            \
+    X(cuEventSynchronize, (CUevent))                                                                               \
+    X(cuMemPoolGetAttribute, (CUmemoryPool, int, void *))                                                          \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))                                                       \
+    X(cuDeviceGetMemPool, (CUmemoryPool *, CUdevice))                                                              \
+    X(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))                                                          \
+    X(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned))                                               \
+    X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, CUipcMemHandle, unsigned))                                            \
+    X(cuIpcCloseMemHandle, (CUdeviceptr))                                                                          \
+    X(cuMemExportToShareableHandle, (void *, CUmemGenericAllocationHandle, int, unsigned long long))               \
+    X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, int))                               \
+    X(cuMemGetAllocationPropertiesFromHandle, (void *, CUmemGenericAllocationHandle))                              \
+    X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr))                                            \
     X(cuMemAlloc, (unsigned *, unsigned))                                                                          \
     X(cuMemAllocPitch, (unsigned *, unsigned *, unsigned, unsigned, unsigned))                                     \
     X(cuArrayCreate, (CUarray *, const void *))                                                                    \
@@ -105,11 +137,49 @@ int vgpu_nvml_index(nvmlDevice_t h);
 void vgpu_format_uuid(const CUuuid *u, char out[VGPU_UUID_LEN]);
 
 /* per-process trackers */
-extern struct vgpu_track vgpu_t_ptr;   /* CUdeviceptr -> charge */
-extern struct vgpu_track vgpu_t_vmm;   /* CUmemGenericAllocationHandle -> charge; aux = live mappings */
+extern struct vgpu_track vgpu_t_ptr;   /* CUdeviceptr -> charge; ext = shared-ledger reference */
+extern struct vgpu_track vgpu_t_vmm;   /* CUmemGenericAllocationHandle -> charge; aux = live mappings;
+                                          ext = shared-ledger reference */
 extern struct vgpu_track vgpu_t_map;   /* mapped VA -> (aux = handle) */
 extern struct vgpu_track vgpu_t_arr;   /* CUarray / CUmipmappedArray -> charge */
-extern struct vgpu_track vgpu_t_pool;  /* CUmemoryPool -> device ordinal (+1) */
+extern struct vgpu_track vgpu_t_pool;  /* CUmemoryPool -> charged reservation (hooks_pool.c) */
+extern struct vgpu_track vgpu_t_exec;  /* CUgraphExec (+device) -> graph memory footprint (hooks_graph.c) */
+extern struct vgpu_track vgpu_t_ipc;   /* cuIpcOpenMemHandle pointer -> opens; ext = ledger reference */
+extern struct vgpu_track vgpu_t_shr;   /* shared-ledger reference -> this process's holds (hooks_share.c) */
+
+/* kinds of vgpu_t_ptr records beyond VGPU_KIND_DEVICE / HOST */
+#define VGPU_KIND_POOL 2u /* a pool allocation: the pool's reservation is what is charged */
+/* vgpu_t_vmm flag: an imported handle of unknown size, each of its mappings is charged */
+#define VGPU_KIND_MAPCHARGE 0x200u
+
+/* hooks_mem.c: shared by the hook files */
+/* 1: account on limits index *idx; 0: pass through untracked; -1: return *rc */
+int vgpu_begin(int dev, int *idx, CUresult *rc);
+/* check-and-charge n bytes on limits index idx (refreshing cached pool memory once when it does
+ * not fit); 0 ok, -1 over the limit */
+int vgpu_charge(int idx, uint64_t n, int kind);
+int vgpu_remember(struct vgpu_track *t, uint64_t key, uint64_t size, int idx, unsigned kind, uint64_t aux);
+/* cuMemFree_v2 / cuMemFreeAsync of a tracked pointer (sync: cuMemFree_v2, else fn(p, s)) */
+CUresult vgpu_free_tracked(CUdeviceptr p, CUresult (*fn)(CUdeviceptr, CUstream), CUstream s, int sync);
+void vgpu_hooks_atfork_child(void); /* hooks_pool.c, hooks_graph.c: process-local state */
+
+/* hooks_pool.c / hooks_graph.c: bring the charges of memory the driver keeps cached (pool
+ * reservations, the graph memory pool) of limits index idx down to what the driver holds now.
+ * Returns 1 if anything was given back. */
+int vgpu_pools_refresh(int idx);
+int vgpu_graph_refresh(int idx);
+/* a pool allocation was freed (hooks_mem.c's free path): the pool may release memory at the
+ * next synchronisation */
+void vgpu_pool_freed(uint64_t pool);
+/* an untracked address was freed (cuMemFree, cuMemFreeAsync outside a capture): a graph
+ * allocation is no longer live */
+void vgpu_graph_freed(CUdeviceptr p);
+/* 1 if stream s is being captured (free_fn: the _ptsz free asks about the per-thread stream) */
+int vgpu_capturing(CUstream s, CUresult (*free_fn)(CUdeviceptr, CUstream));
+
+/* hooks_share.c: a charge that belongs to the shared ledger is dropped there */
+void vgpu_share_release(uint64_t ref);
+uint64_t vgpu_share_hold(uint64_t ref); /* one more local hold of ref (already held by the slot) */
 
 /* re-entrancy guard: a hook entered from inside another hook passes through */
 extern VGPU_TLS int vgpu_in_hook;

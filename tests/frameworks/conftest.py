@@ -1,20 +1,9 @@
-"""The frameworks suite runs under `make test-frameworks` only (VGPU_TEST_FRAMEWORKS=1), which
-installs PyTorch into .venv-frameworks first; `make test` skips it."""
+"""The frameworks suite runs under `make test-frameworks` only, which installs PyTorch into
+.venv-frameworks first; `make test` does not collect it (tests/conftest.py, OPT_IN_SUITES)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("VGPU_TEST_FRAMEWORKS") == "1":
-        return
-    skip = pytest.mark.skip(reason="frameworks suite: run `make test-frameworks`")
-    for item in items:
-        if "tests/frameworks/" in str(item.fspath):
-            item.add_marker(skip)
 
 
 @pytest.fixture

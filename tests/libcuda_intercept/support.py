@@ -157,6 +157,40 @@ class Node:
             text=True,
         )
 
+    def paths(self, *cmds: object, preload: bool = True, env: dict[str, str] | None = None, timeout: float = 60) -> Run:
+        """build/intercept/paths (graphs, pools, host memory, sharing) in cudart's lookup mode."""
+        argv = [str(BUILD / "intercept" / "paths"), "gpa", *[str(c) for c in cmds]]
+        p = subprocess.run(
+            argv, env=self.env(preload, env), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+        r = Run(p.returncode, p.stdout, p.stderr, parse_lines(p.stdout))
+        if self.flavour == "asan":
+            assert p.returncode != 99 and "Sanitizer" not in p.stderr and "runtime error" not in p.stderr, p.stderr
+        return r
+
+    def paths_popen(self, *cmds: object, preload: bool = True) -> subprocess.Popen[str]:
+        argv = [str(BUILD / "intercept" / "paths"), "gpa", *[str(c) for c in cmds]]
+        return subprocess.Popen(
+            argv,
+            env=self.env(preload),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def high(self, reset: bool = False) -> dict:
+        """The simulated GPU's own high-water marks of device memory (fakegpu-ctl high)."""
+        p = subprocess.run(
+            [str(FAKE / "fakegpu-ctl"), "high", *(["--reset"] if reset else [])],
+            env=self.env(False),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return json.loads(p.stdout)["devices"][0]
+
     def dump(self) -> dict:
         p = subprocess.run(
             [str(FAKE / "fakegpu-ctl"), "dump"],

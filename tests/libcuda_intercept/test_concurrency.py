@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.libcuda_intercept.support import MiB, Node
+from tests.libcuda_intercept.support import FAKE, MiB, Node
 from vgpu import region as R
 
 
@@ -119,6 +119,39 @@ def test_waiters_proceed_when_the_lock_holder_is_killed(node_plain: Node) -> Non
     assert "alloc" in line and "rc=0" in line, line
     # the kernel drops the dead holder's lock at once; generous bound for a loaded CI box
     assert dt < 1.0, dt
+
+
+@pytest.mark.parametrize("lock", ["region", "device"])
+def test_many_waiters_proceed_when_the_lock_holder_is_killed(node_plain: Node, lock: str) -> None:
+    """16 processes starting CUDA at once behind a holder of the container's region lock (or of
+    the simulated driver's own state lock) that is killed with SIGKILL: the kernel drops an OFD
+    lock with its last holder, and every waiter proceeds."""
+    node = node_plain
+    node.limit(64 * MiB)
+    node.cutest("gpa", "init", "alloc", 1)  # the region and the device state exist
+    if lock == "region":
+        argv = [sys.executable, "-c", _HOLDER, str(node.region)]
+    else:
+        argv = [str(FAKE / "fakegpu-ctl"), "hold-lock", "600"]
+    holder = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=node.env(False))
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    waiters = [node.popen("gpa", "init", "alloc", MiB) for _ in range(16)]
+    try:
+        time.sleep(0.5)
+        assert all(w.poll() is None for w in waiters), "the waiters should be blocked on the lock"
+        t0 = time.monotonic()
+        holder.send_signal(signal.SIGKILL)
+        outs = [w.communicate(timeout=60)[0] for w in waiters]
+        dt = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+        for w in waiters:
+            if w.poll() is None:
+                w.kill()
+                w.wait(timeout=30)
+    assert all("init rc=0" in o and "alloc" in o and "rc=0 idx" in o for o in outs), outs
+    assert dt < 10.0, dt  # 16 processes' CUDA start-up on a loaded 2-core box
 
 
 def test_fork_child_without_cuda_costs_nothing(node: Node) -> None:

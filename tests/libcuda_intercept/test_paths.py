@@ -32,6 +32,23 @@ HOOKED = {
     "cuLaunchKernelEx",
     "cuLaunchCooperativeKernel",
     "cuGraphLaunch_ptsz",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemAllocFromPoolAsync",
+    "cuDeviceGetDefaultMemPool",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphInstantiateWithParams",
+    "cuGraphLaunch",
+    "cuGraphUpload",
+    "cuGraphExecDestroy",
+    "cuDeviceGraphMemTrim",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
 }
 
 

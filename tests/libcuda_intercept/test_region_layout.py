@@ -22,6 +22,11 @@ CONSTANTS = {
     "VGPU_SLOT_FREE": R.SLOT_FREE,
     "VGPU_SLOT_ACTIVE": R.SLOT_ACTIVE,
     "VGPU_DEV_OVERSUBSCRIBE": R.DEV_OVERSUBSCRIBE,
+    "VGPU_MAX_SHARED": R.MAX_SHARED,
+    "VGPU_SHARED_FREE": R.SHARED_FREE,
+    "VGPU_SHARED_LIVE": R.SHARED_LIVE,
+    "VGPU_SHARED_KEYS": R.SHARED_KEYS,
+    "VGPU_SHARED_FDS": R.SHARED_FDS,
 }
 
 
@@ -73,5 +78,5 @@ def test_python_fields_cover_the_header() -> None:
     for cname, fields in R.STRUCTS.items():
         body = text.split(f"struct {cname} {{", 1)[1].split("};", 1)[0]
         body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
-        names = [decl.split()[-1].split("[", 1)[0] for decl in body.split(";") if decl.strip()]
+        names = [decl.split("[", 1)[0].split()[-1] for decl in body.split(";") if decl.strip()]
         assert names == [f[0] for f in fields], cname

@@ -11,6 +11,10 @@
  *                                   GPU instances with their full compute instance (nvidia-smi mig
  *                                   -cgi PROFILE -C); PROFILE: name (3g.71gb) or ID (9); START: placement
  *   fakegpu-ctl mig-destroy INDEX GI|all   compute instances, then the GPU instance (-dci, -dgi)
+ *   fakegpu-ctl high [--reset] [--watch BYTES]
+ *                                   the devices' memory high-water marks (JSON); --reset: then
+ *                                   restart them from the current usage; --watch: a new high
+ *                                   above BYTES is recorded only after dead processes are reaped
  */
 #include "fg_state.h"
 #include "fg_mig.h"
@@ -24,7 +28,8 @@
 static void usage(void)
 {
     fputs("usage: fakegpu-ctl init [--force] | dump | xid INDEX XID [GI CI] | lost INDEX [0|1] | hold-lock SECONDS | "
-          "lock-wait | mig-mode INDEX 0|1 | mig-create INDEX PROFILE[,PROFILE...] [START] | mig-destroy INDEX GI|all\n",
+          "lock-wait | high [--reset] [--watch BYTES] | mig-mode INDEX 0|1 | "
+          "mig-create INDEX PROFILE[,PROFILE...] [START] | mig-destroy INDEX GI|all\n",
           stderr);
     exit(2);
 }
@@ -76,10 +81,11 @@ static void dump(void)
         printf(",\"pci_bus_id\":");
         json_str(c->pci_bus_id);
         printf(",\"memory\":%llu,\"used\":%llu,\"context_overhead\":%llu,\"numa_node\":%d,\"lost\":%s,"
-               "\"busy_ns\":%llu,\"xid_count\":%llu,\"minor_number\":%u}",
+               "\"busy_ns\":%llu,\"xid_count\":%llu,\"minor_number\":%u,\"used_high\":%llu,\"alloc_high\":%llu}",
                (unsigned long long)c->memory, (unsigned long long)fg_dev_used(st, (int)d),
                (unsigned long long)c->context_overhead, c->numa_node, st->ds[d].lost ? "true" : "false",
-               (unsigned long long)st->ds[d].busy_ns, (unsigned long long)st->ds[d].xid_seq, c->minor_number);
+               (unsigned long long)st->ds[d].busy_ns, (unsigned long long)st->ds[d].xid_seq, c->minor_number,
+               (unsigned long long)st->ds[d].used_high, (unsigned long long)st->ds[d].alloc_high);
     }
     printf("],\"mig\":[");
     for (unsigned d = 0; d < st->h.ndev; d++) {
@@ -149,6 +155,23 @@ static void dump(void)
                    (unsigned long long)p->completed, fg_sim_pending(st, s, (int)d, -1));
             dfirst = 0;
         }
+        printf("]}");
+    }
+    printf("],\"shared\":[");
+    first = 1;
+    for (int i = 0; i < FG_MAX_SHARED; i++) {
+        const struct fg_shared *e = &st->shared[i];
+        if (e->state != FG_SHARED_LIVE)
+            continue;
+        printf("%s{\"index\":%d,\"kind\":%u,\"device\":%d,\"bytes\":%llu,\"charged_slot\":%d,\"holders\":[", first ? "" : ",", i,
+               e->kind, e->dev, (unsigned long long)e->bytes, e->charged_slot);
+        first = 0;
+        int hfirst = 1;
+        for (int s = 0; s < FG_MAX_SLOTS; s++)
+            if (fg_mask_has(e->holders, s)) {
+                printf("%s%d", hfirst ? "" : ",", s);
+                hfirst = 0;
+            }
         printf("]}");
     }
     printf("]}\n");
@@ -258,6 +281,38 @@ static int mig_destroy(struct fg_state *st, int d, const char *which)
     return rc ? 1 : 0;
 }
 
+static void high(int reset, long long watch)
+{
+    struct fg_state *st = fg_g.st;
+    fg_lock();
+    fg_reap();
+    printf("{\"devices\":[");
+    for (unsigned d = 0; d < st->h.ndev; d++) {
+        struct fg_devstate *ds = &st->ds[d];
+        printf("%s{\"index\":%u,\"used\":%llu,\"used_high\":%llu,\"alloc_high\":%llu}", d ? "," : "", d,
+               (unsigned long long)fg_dev_used(st, (int)d), (unsigned long long)ds->used_high,
+               (unsigned long long)ds->alloc_high);
+        if (watch >= 0)
+            ds->high_watch = (uint64_t)watch;
+        if (reset) {
+            ds->used_high = ds->alloc_high = 0;
+            fg_note_high(st, (int)d);
+        }
+    }
+    printf("]}\n");
+    /* the running totals must be what the processes add up to */
+    int bad = 0;
+    for (unsigned d = 0; d < st->h.ndev; d++)
+        if (fg_dev_used_scan(st, (int)d) != fg_dev_used(st, (int)d)) {
+            fprintf(stderr, "fakegpu-ctl: device %u: running total %llu, processes %llu\n", d,
+                    (unsigned long long)fg_dev_used(st, (int)d), (unsigned long long)fg_dev_used_scan(st, (int)d));
+            bad = 1;
+        }
+    fg_unlock();
+    if (bad)
+        exit(3);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -316,6 +371,20 @@ int main(int argc, char **argv)
         fflush(stdout);
         sleep((unsigned)secs);
         fg_unlock();
+        return 0;
+    }
+    if (!strcmp(cmd, "high")) {
+        int reset = 0;
+        long long watch = -1;
+        for (int i = 2; i < argc; i++) {
+            if (!strcmp(argv[i], "--reset"))
+                reset = 1;
+            else if (!strcmp(argv[i], "--watch") && i + 1 < argc)
+                watch = num(argv[++i], 0, 0x7fffffffffffffffL);
+            else
+                usage();
+        }
+        high(reset, watch);
         return 0;
     }
     if (!strcmp(cmd, "lock-wait") && argc == 2) {

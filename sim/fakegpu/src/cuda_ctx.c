@@ -360,6 +360,8 @@ FG_API CUresult cuCtxSynchronize(void)
     struct fg_ctx *c = fg_current(&rc);
     if (!c)
         return rc;
+    if ((rc = fg_capture_forbid_ctx()))
+        return rc;
     rc = fg_wait_idle(c->dev, -1);
     fg_pools_sync(c->dev);
     return rc;
@@ -375,6 +377,8 @@ FG_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
         return rc;
     if (!fg_ctx_valid(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((rc = fg_capture_forbid_ctx()))
+        return rc;
     rc = fg_wait_idle(ctx->dev, -1);
     fg_pools_sync(ctx->dev);
     return rc;

@@ -141,6 +141,7 @@ FG_API CUresult cuInit(unsigned int flags)
     if (fg_open(0) != 0) {
         rc = CUDA_ERROR_NO_DEVICE;
     } else {
+        fg_identify();
         fg_lock();
         int r = fg_register();
         fg_unlock();
@@ -387,15 +388,28 @@ FG_API CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* 1 if bytes more fit on the device (lock held); dead processes' memory is reclaimed first
+ * when they would not. */
+static int fits(struct fg_state *st, int dev, uint64_t bytes)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            fg_reap();
+        uint64_t used = fg_dev_used(st, dev) + st->cfg[dev].reserved;
+        if (bytes <= st->cfg[dev].memory && used + bytes <= st->cfg[dev].memory)
+            return 1;
+    }
+    return 0;
+}
+
 CUresult fg_charge(int dev, uint64_t bytes, int kind)
 {
     struct fg_state *st = fg_g.st;
     CUresult rc = CUDA_SUCCESS;
     fg_lock();
-    fg_reap();
+    fg_reap_lazy();
     struct fg_pdev *p = &st->slots[fg_g.slot].dev[dev];
-    uint64_t used = fg_dev_used(st, dev) + st->cfg[dev].reserved;
-    if (kind != FG_KIND_MANAGED_HOST && (bytes > st->cfg[dev].memory || used + bytes > st->cfg[dev].memory))
+    if (kind != FG_KIND_MANAGED_HOST && !fits(st, dev, bytes))
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     else if (kind == FG_KIND_DEVICE)
         p->mem_device += bytes;
@@ -403,6 +417,10 @@ CUresult fg_charge(int dev, uint64_t bytes, int kind)
         p->mem_managed_dev += bytes;
     else
         p->mem_managed_host += bytes;
+    if (rc == CUDA_SUCCESS && kind != FG_KIND_MANAGED_HOST) {
+        st->ds[dev].used_total += bytes;
+        fg_note_high(st, dev);
+    }
     fg_unlock();
     return rc;
 }
@@ -412,7 +430,7 @@ uint64_t fg_dev_free(int dev)
 {
     struct fg_state *st = fg_g.st;
     fg_lock();
-    fg_reap();
+    fg_reap_lazy();
     uint64_t used = fg_dev_used(st, dev) + st->cfg[dev].reserved;
     uint64_t fr = used < st->cfg[dev].memory ? st->cfg[dev].memory - used : 0;
     fg_unlock();
@@ -426,7 +444,12 @@ void fg_uncharge(int dev, uint64_t bytes, int kind)
     uint64_t *f = kind == FG_KIND_DEVICE ? &p->mem_device
                   : kind == FG_KIND_MANAGED_DEV ? &p->mem_managed_dev
                                                 : &p->mem_managed_host;
-    *f = *f >= bytes ? *f - bytes : 0;
+    uint64_t n = *f >= bytes ? bytes : *f;
+    *f -= n;
+    if (kind != FG_KIND_MANAGED_HOST) {
+        uint64_t *t = &fg_g.st->ds[dev].used_total;
+        *t = *t >= n ? *t - n : 0;
+    }
     fg_unlock();
 }
 
@@ -435,16 +458,22 @@ CUresult fg_ctx_charge(int dev, int add)
     struct fg_state *st = fg_g.st;
     CUresult rc = CUDA_SUCCESS;
     fg_lock();
-    fg_reap();
+    fg_reap_lazy();
     struct fg_pdev *p = &st->slots[fg_g.slot].dev[dev];
     if (add > 0) {
-        uint64_t used = fg_dev_used(st, dev) + st->cfg[dev].reserved;
-        if (used + st->cfg[dev].context_overhead > st->cfg[dev].memory)
+        if (!fits(st, dev, st->cfg[dev].context_overhead)) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
-        else
+        } else {
             p->contexts++;
+            st->ds[dev].used_total += st->cfg[dev].context_overhead;
+            st->ds[dev].ctx_total += st->cfg[dev].context_overhead;
+            fg_note_high(st, dev);
+        }
     } else if (p->contexts > 0) {
         p->contexts--;
+        uint64_t o = st->cfg[dev].context_overhead;
+        st->ds[dev].used_total = st->ds[dev].used_total >= o ? st->ds[dev].used_total - o : 0;
+        st->ds[dev].ctx_total = st->ds[dev].ctx_total >= o ? st->ds[dev].ctx_total - o : 0;
         if (p->contexts == 0) {
             /* the last context of the process on this device is gone: so is its queued work */
             fg_sim_advance(st, dev, fg_now());

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+FG_API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s); /* cuda_pool.c */
+
 static pthread_mutex_t g_amu = PTHREAD_MUTEX_INITIALIZER;
 static struct fg_alloc *g_tab; /* sorted by ptr */
 static size_t g_n, g_cap;
@@ -75,6 +77,33 @@ int fg_alloc_remove(uint64_t ptr, struct fg_alloc *out)
     return 0;
 }
 
+int fg_alloc_update(const struct fg_alloc *a)
+{
+    pthread_mutex_lock(&g_amu);
+    size_t i = lower_bound(a->ptr);
+    int rc = -1;
+    if (i < g_n && g_tab[i].ptr == a->ptr) {
+        g_tab[i] = *a;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g_amu);
+    return rc;
+}
+
+int fg_alloc_find_shared(int kind, int shared, uint64_t gen, struct fg_alloc *out)
+{
+    int rc = -1;
+    pthread_mutex_lock(&g_amu);
+    for (size_t i = 0; i < g_n; i++)
+        if (g_tab[i].kind == kind && g_tab[i].shared == shared && g_tab[i].shared_gen == gen) {
+            *out = g_tab[i];
+            rc = 0;
+            break;
+        }
+    pthread_mutex_unlock(&g_amu);
+    return rc;
+}
+
 int fg_alloc_find(uint64_t p, uint64_t n, struct fg_alloc *out)
 {
     int rc = -1;
@@ -93,6 +122,10 @@ int fg_alloc_find(uint64_t p, uint64_t n, struct fg_alloc *out)
 
 static void release(const struct fg_alloc *a)
 {
+    if (fg_ipc_free(a))
+        return; /* shared with other processes: counted until the last one lets go */
+    if (a->kind == FG_ALLOC_GRAPH || a->kind == FG_ALLOC_HOSTREG)
+        return; /* not this table's to free */
     if (a->kind == FG_ALLOC_MANAGED) {
         fg_uncharge(a->dev, a->charged, FG_KIND_MANAGED_DEV);
         fg_uncharge(a->dev, a->host, FG_KIND_MANAGED_HOST);
@@ -110,7 +143,8 @@ void fg_alloc_free_ctx(struct fg_ctx *c)
         int found = 0;
         pthread_mutex_lock(&g_amu);
         for (size_t i = 0; i < g_n; i++) {
-            if (g_tab[i].ctx == c && g_tab[i].kind != FG_ALLOC_ASYNC) {
+            if (g_tab[i].ctx == c && g_tab[i].kind != FG_ALLOC_ASYNC && g_tab[i].kind != FG_ALLOC_GRAPH &&
+                g_tab[i].kind != FG_ALLOC_HOSTREG) {
                 a = g_tab[i];
                 memmove(&g_tab[i], &g_tab[i + 1], (g_n - i - 1) * sizeof(*g_tab));
                 g_n--;
@@ -212,8 +246,14 @@ FG_API CUresult cuMemFree_v2(CUdeviceptr ptr)
     if (ptr == 0)
         return CUDA_SUCCESS;
     struct fg_alloc a;
-    if (fg_alloc_find(ptr, 0, &a) != 0 || a.ptr != ptr || a.kind == FG_ALLOC_HOST || a.kind == FG_ALLOC_VA ||
-        a.kind == FG_ALLOC_ASYNC || a.kind == FG_ALLOC_MODULE)
+    if (fg_alloc_find(ptr, 0, &a) != 0 || a.ptr != ptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (a.kind == FG_ALLOC_GRAPH) /* "immediately upon the freeing call to cudaFree()" */
+        return fg_graph_free_ptr(ptr);
+    if (a.kind == FG_ALLOC_ASYNC || a.kind == FG_ALLOC_POOLIMPORT) /* frees stream-ordered memory too */
+        return cuMemFreeAsync(ptr, FG_STREAM_LEGACY);
+    if (a.kind == FG_ALLOC_HOST || a.kind == FG_ALLOC_VA || a.kind == FG_ALLOC_HOSTREG || a.kind == FG_ALLOC_IMPORT ||
+        a.kind == FG_ALLOC_MODULE)
         return CUDA_ERROR_INVALID_VALUE;
     if (fg_alloc_remove(ptr, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -246,7 +286,7 @@ FG_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
     if (rc)
         return rc;
     struct fg_alloc a;
-    if (fg_alloc_find(ptr, 0, &a) != 0 || a.kind == FG_ALLOC_HOST)
+    if (fg_alloc_find(ptr, 0, &a) != 0 || a.kind == FG_ALLOC_HOST || a.kind == FG_ALLOC_HOSTREG)
         return CUDA_ERROR_NOT_FOUND;
     if (base)
         *base = a.ptr;
@@ -313,6 +353,10 @@ CUresult fg_check_dev_range(CUdeviceptr p, size_t n)
         return CUDA_ERROR_INVALID_VALUE;
     if (a.kind == FG_ALLOC_VA)
         return fg_vmm_mapped(p, n) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (a.kind == FG_ALLOC_GRAPH) /* only between the allocating node and the free */
+        return fg_graph_live(p, n) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (a.kind == FG_ALLOC_HOSTREG)
+        return CUDA_SUCCESS;
     if (fg_dev_lost(a.dev))
         return CUDA_ERROR_DEVICE_UNAVAILABLE;
     return CUDA_SUCCESS;

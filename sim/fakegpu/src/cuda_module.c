@@ -608,6 +608,13 @@ CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned
     int dev = 0, idx = 0;
     if ((rc = fg_stream_resolve(s, per_thread, &dev, &idx)))
         return rc;
+    if (fg_capture_count) {
+        /* a capturing stream records a kernel node (cuda_graph.c) */
+        unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+        void *first[1] = {&arg};
+        if (fg_capture_kernel(s, per_thread, f, grid, block, f->kind != KIND_NOOP ? first : NULL, &rc))
+            return rc;
+    }
     struct fg_state *st = fg_g.st;
     for (;;) {
         fg_lock();

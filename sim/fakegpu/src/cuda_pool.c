@@ -1,33 +1,78 @@
 /* fakegpu libcuda: stream-ordered allocation and memory pools.
  *
- * A pool reserves device memory in 2 MiB steps (charged to the process like any allocation) and
- * hands out allocations from it.  Freed bytes stay reserved until a synchronisation (stream,
- * context) when more than the release threshold (default 0) is idle, or until cuMemPoolTrimTo,
- * which is what the real driver documents.  Allocation is immediate (not ordered after the
- * stream's kernels): a simplification that never makes memory available earlier than on a GPU.
+ * From the CUDA Driver API reference, "Stream Ordered Memory Allocator": a pool reserves device
+ * memory (here in 2 MiB steps, charged to the process like any allocation) and hands out
+ * allocations from it.  Freed bytes stay reserved until a synchronisation (stream, event,
+ * context) when more than the release threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0)
+ * is idle, or until cuMemPoolTrimTo; a pool destroyed while allocations are outstanding is
+ * released once they are freed.  Pools at a host location (CU_MEM_LOCATION_TYPE_HOST /
+ * HOST_NUMA / HOST_NUMA_CURRENT) hold host memory: never counted on a device.  Pools created
+ * with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR can be exported (cuMemPoolExportToShareableHandle)
+ * and imported by another process (cuMemPoolImportFromShareableHandle), which maps single
+ * allocations of it (cuMemPoolExportPointer / cuMemPoolImportPointer): their bytes are shared
+ * (cuda_ipc.c), their memory stays counted in the exporting process's pool, whose process must
+ * outlive the imports ("the imported memory must be freed from all importing processes before
+ * being freed in the exporting process").  Inside a stream capture, allocations and frees become
+ * graph memory nodes (cuda_graph.c).  Allocation is immediate (not ordered after the stream's
+ * kernels): a simplification that never makes memory available earlier than on a GPU.
  */
 #include "fg_cuda.h"
 
 #include <string.h>
+#include <sys/mman.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #define GRAN (2ULL << 20)
 #define MAX_POOLS 64
+#define LOC_DEVICE 1
+#define LOC_HOST 2
+#define LOC_HOST_NUMA 3
+#define LOC_HOST_NUMA_CURRENT 4
+#define HT_POSIX_FD 1
 
 struct fg_pool {
     uint32_t magic;
     int dev;
     uint64_t reserved, used, reserved_high, used_high, threshold;
     int reuse[4];
+    int host;        /* at a host location: nothing counted on the device */
+    int handle_types;
+    int destroyed;   /* released when its last allocation is freed */
+    int imported;    /* from another process: only for cuMemPoolImportPointer */
+    int shared, fd;  /* exported: entry index + 1 and the descriptor of its file (-1 none) */
+    uint64_t shared_gen;
 };
+
+/* CUmemPoolPtrExportData: 64 opaque bytes */
+struct ptr_export {
+    uint64_t magic;
+    int32_t idx, dev;
+    uint64_t gen, size;
+    char reserved[32];
+};
+_Static_assert(sizeof(struct ptr_export) == 64, "CUmemPoolPtrExportData size");
+#define PTR_MAGIC 0x5254504c4f4f5046ULL
 
 static struct fg_pool g_pools[MAX_POOLS];
 static int g_default[FG_MAX_DEV]; /* index+1 of the default pool; 0 none */
 static int g_current[FG_MAX_DEV]; /* index+1 of the device's current pool; 0: the default one */
 static pthread_mutex_t g_pmu = PTHREAD_MUTEX_INITIALIZER;
 
-static int pool_valid(const struct fg_pool *p)
+static int pool_live(const struct fg_pool *p)
 {
     return p && p >= &g_pools[0] && p < &g_pools[MAX_POOLS] && p->magic == FG_MAGIC_POOL;
+}
+
+static int pool_valid(const struct fg_pool *p)
+{
+    return pool_live(p) && !p->destroyed;
+}
+
+static void charge_back(struct fg_pool *p, uint64_t n)
+{
+    if (!p->host)
+        fg_uncharge(p->dev, n, FG_KIND_DEVICE);
 }
 
 static struct fg_pool *pool_new(int dev)
@@ -37,6 +82,7 @@ static struct fg_pool *pool_new(int dev)
             memset(&g_pools[i], 0, sizeof(g_pools[i]));
             g_pools[i].magic = FG_MAGIC_POOL;
             g_pools[i].dev = dev;
+            g_pools[i].fd = -1;
             return &g_pools[i];
         }
     return NULL;
@@ -66,16 +112,29 @@ static void trim(struct fg_pool *p, uint64_t keep)
         return; /* (also keeps a threshold of UINT64_MAX, "never release", from overflowing below) */
     target = (target + GRAN - 1) / GRAN * GRAN;
     if (p->reserved > target) {
-        fg_uncharge(p->dev, p->reserved - target, FG_KIND_DEVICE);
+        charge_back(p, p->reserved - target);
         p->reserved = target;
     }
+}
+
+/* A destroyed pool goes when nothing of it is outstanding (lock held). */
+static void pool_finish(struct fg_pool *p)
+{
+    if (!p->destroyed || p->used)
+        return;
+    trim(p, 0);
+    if (p->fd >= 0)
+        close(p->fd);
+    if (p->shared)
+        fg_share_drop(p->shared - 1, p->shared_gen);
+    p->magic = 0;
 }
 
 CUresult fg_pools_sync(int dev)
 {
     pthread_mutex_lock(&g_pmu);
     for (int i = 0; i < MAX_POOLS; i++)
-        if (g_pools[i].magic == FG_MAGIC_POOL && g_pools[i].dev == dev)
+        if (pool_live(&g_pools[i]) && !g_pools[i].imported && g_pools[i].dev == dev)
             trim(&g_pools[i], g_pools[i].threshold);
     pthread_mutex_unlock(&g_pmu);
     return CUDA_SUCCESS;
@@ -89,18 +148,25 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct fg_pool *p, CU
     CUresult rc = fg_stream_resolve(s, per_thread, &dev, &idx);
     if (rc)
         return rc;
+    if (fg_capture_count) {
+        /* in a capture: a memory allocation node of the device's graph pool */
+        pthread_mutex_lock(&g_pmu);
+        int gdev = p ? (pool_valid(p) ? p->dev : -1) : dev;
+        pthread_mutex_unlock(&g_pmu);
+        if (gdev >= 0 && fg_capture_alloc(s, per_thread, gdev, size, dptr, &rc))
+            return rc;
+    }
     pthread_mutex_lock(&g_pmu);
     if (!p)
         p = current_pool(dev);
-    if (!pool_valid(p)) {
+    if (!pool_valid(p) || p->imported) {
         pthread_mutex_unlock(&g_pmu);
         return p ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
     }
     uint64_t idle = p->reserved - p->used;
     if (idle < size) {
         uint64_t grow = (size - idle + GRAN - 1) / GRAN * GRAN;
-        rc = fg_charge(p->dev, grow, FG_KIND_DEVICE);
-        if (rc) {
+        if (!p->host && (rc = fg_charge(p->dev, grow, FG_KIND_DEVICE))) {
             pthread_mutex_unlock(&g_pmu);
             return rc;
         }
@@ -111,11 +177,31 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct fg_pool *p, CU
         p->reserved_high = p->reserved;
     if (p->used > p->used_high)
         p->used_high = p->used;
-    void *m = fg_map_bytes(size);
-    struct fg_alloc a = {.ptr = (uint64_t)(uintptr_t)m, .size = size, .charged = size, .dev = p->dev,
-                         .kind = FG_ALLOC_ASYNC, .pool = p};
+    struct fg_alloc a = {.size = size, .charged = size, .dev = p->dev, .kind = FG_ALLOC_ASYNC, .pool = p};
+    void *m = NULL;
+    if (p->handle_types & HT_POSIX_FD) {
+        /* an exportable pool's allocation: its bytes in a shared file (counted by the pool) */
+        int sidx;
+        uint64_t sgen;
+        int fd = fg_share_new(FG_SHK_POOLPTR, p->dev, size, 0, &sidx, &sgen, &rc);
+        if (fd >= 0) {
+            m = fg_share_map(fd, size, 0);
+            close(fd);
+            if (m) {
+                a.shared = sidx + 1;
+                a.shared_gen = sgen;
+            } else {
+                fg_share_drop(sidx, sgen);
+            }
+        }
+    } else {
+        m = fg_map_bytes(size);
+    }
+    a.ptr = (uint64_t)(uintptr_t)m;
     if (!m || fg_alloc_insert(&a) != 0) {
-        if (m)
+        if (m && a.shared)
+            fg_ipc_free(&a);
+        else if (m)
             fg_unmap_bytes(a.ptr, size);
         p->used -= size;
         pthread_mutex_unlock(&g_pmu);
@@ -149,14 +235,26 @@ static CUresult pool_free(CUdeviceptr ptr, CUstream s, int per_thread)
     CUresult rc = fg_stream_resolve(s, per_thread, &dev, &idx);
     if (rc)
         return rc;
+    if (fg_capture_count && fg_capture_free(s, per_thread, ptr, &rc))
+        return rc; /* a memory free node */
     struct fg_alloc a;
-    if (fg_alloc_find(ptr, 0, &a) != 0 || a.ptr != ptr || a.kind != FG_ALLOC_ASYNC)
+    if (fg_alloc_find(ptr, 0, &a) != 0 || a.ptr != ptr)
         return CUDA_ERROR_INVALID_VALUE;
-    fg_alloc_remove(ptr, &a);
-    fg_unmap_bytes(a.ptr, a.size);
+    if (a.kind == FG_ALLOC_GRAPH)
+        return fg_graph_free_ptr(ptr);
+    if (a.kind != FG_ALLOC_ASYNC && a.kind != FG_ALLOC_POOLIMPORT)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fg_alloc_remove(ptr, &a) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!fg_ipc_free(&a))
+        fg_unmap_bytes(a.ptr, a.size);
+    if (a.kind == FG_ALLOC_POOLIMPORT)
+        return CUDA_SUCCESS; /* counted in the exporting process's pool */
     pthread_mutex_lock(&g_pmu);
-    if (pool_valid(a.pool))
+    if (pool_live(a.pool)) {
         a.pool->used -= a.size <= a.pool->used ? a.size : a.pool->used;
+        pool_finish(a.pool);
+    }
     pthread_mutex_unlock(&g_pmu);
     return CUDA_SUCCESS;
 }
@@ -183,13 +281,27 @@ FG_API CUresult cuMemPoolCreate(CUmemoryPool *pp, const struct fg_pool_props *pr
     CUresult rc = fg_check_init();
     if (rc)
         return rc;
-    if (!pp || !props || props->allocType != 1 || props->locType != 1) /* PINNED, LOCATION_TYPE_DEVICE */
+    if (!pp || !props || props->allocType != 1) /* CU_MEM_ALLOCATION_TYPE_PINNED */
         return CUDA_ERROR_INVALID_VALUE;
-    int dev = fg_phys(props->locId);
-    if (dev < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
+    if (props->handleTypes & ~HT_POSIX_FD) /* WIN32 handles, FABRIC: not on this node */
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int dev = 0, host = 0;
+    if (props->locType == LOC_DEVICE) {
+        dev = fg_phys(props->locId);
+        if (dev < 0)
+            return CUDA_ERROR_INVALID_DEVICE;
+    } else if (props->locType == LOC_HOST || props->locType == LOC_HOST_NUMA_CURRENT ||
+               (props->locType == LOC_HOST_NUMA && props->locId >= 0)) {
+        host = 1; /* host memory: the device's count is not touched */
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     pthread_mutex_lock(&g_pmu);
     struct fg_pool *p = pool_new(dev);
+    if (p) {
+        p->host = host;
+        p->handle_types = props->handleTypes;
+    }
     pthread_mutex_unlock(&g_pmu);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -204,11 +316,14 @@ FG_API CUresult cuMemPoolDestroy(CUmemoryPool p)
         pthread_mutex_unlock(&g_pmu);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    p->used = 0; /* outstanding allocations stay mapped, their memory is no longer charged */
-    trim(p, 0);
     if (g_current[p->dev] == (int)(p - g_pools) + 1)
         g_current[p->dev] = 0;
-    p->magic = 0;
+    /* "the function will return immediately and the resources associated with the pool will be
+     * released automatically once there are no more outstanding allocations" */
+    p->destroyed = 1;
+    if (p->imported)
+        p->used = 0;
+    pool_finish(p);
     pthread_mutex_unlock(&g_pmu);
     return CUDA_SUCCESS;
 }
@@ -348,5 +463,115 @@ FG_API CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool p, const int *loc)
     if (!ok)
         return CUDA_ERROR_INVALID_VALUE;
     *flags = fg_phys(loc[1]) == dev ? 3 : 0;
+    return CUDA_SUCCESS;
+}
+
+/* --- exporting pools and their allocations ----------------------------------------------- */
+
+FG_API CUresult cuMemPoolExportToShareableHandle(void *out, CUmemoryPool p, int type, unsigned long long flags)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!out || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_pmu);
+    if (!pool_valid(p) || p->imported || type != HT_POSIX_FD || !(p->handle_types & HT_POSIX_FD)) {
+        pthread_mutex_unlock(&g_pmu);
+        return CUDA_ERROR_INVALID_VALUE; /* the handle type must have been requested at creation */
+    }
+    if (!p->shared) {
+        int idx;
+        uint64_t gen;
+        int fd = fg_share_new(FG_SHK_POOL, p->dev, 0, 0, &idx, &gen, &rc);
+        if (fd < 0) {
+            pthread_mutex_unlock(&g_pmu);
+            return rc;
+        }
+        p->fd = fd;
+        p->shared = idx + 1;
+        p->shared_gen = gen;
+    }
+    int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
+    pthread_mutex_unlock(&g_pmu);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+
+FG_API CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pp, void *handle, int type, unsigned long long flags)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!pp || flags != 0 || type != HT_POSIX_FD)
+        return CUDA_ERROR_INVALID_VALUE;
+    int idx, dev;
+    uint64_t gen, size;
+    if (fg_share_import_fd((int)(intptr_t)handle, FG_SHK_POOL, &idx, &gen, &size, &dev) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_pmu);
+    struct fg_pool *p = pool_new(dev);
+    if (p) {
+        p->imported = 1;
+        p->shared = idx + 1;
+        p->shared_gen = gen;
+        p->handle_types = HT_POSIX_FD;
+    }
+    pthread_mutex_unlock(&g_pmu);
+    if (!p) {
+        fg_share_drop(idx, gen);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+FG_API CUresult cuMemPoolExportPointer(struct ptr_export *out, CUdeviceptr ptr)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    struct fg_alloc a;
+    if (!out || fg_alloc_find(ptr, 0, &a) != 0 || a.ptr != ptr || a.kind != FG_ALLOC_ASYNC || !a.shared)
+        return CUDA_ERROR_INVALID_VALUE; /* an allocation of an exportable pool */
+    memset(out, 0, sizeof(*out));
+    out->magic = PTR_MAGIC;
+    out->idx = a.shared - 1;
+    out->dev = a.dev;
+    out->gen = a.shared_gen;
+    out->size = a.size;
+    return CUDA_SUCCESS;
+}
+
+FG_API CUresult cuMemPoolImportPointer(CUdeviceptr *pp, CUmemoryPool p, struct ptr_export *data)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!pp || !data || data->magic != PTR_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_pmu);
+    int ok = pool_valid(p) && p->imported;
+    pthread_mutex_unlock(&g_pmu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t size = 0;
+    int dev = 0;
+    int fd = fg_share_open(data->idx, data->gen, FG_SHK_POOLPTR, &size, &dev, &rc);
+    if (fd < 0)
+        return rc == CUDA_ERROR_INVALID_HANDLE ? CUDA_ERROR_INVALID_VALUE : rc;
+    void *m = fg_share_map(fd, size, 0);
+    close(fd);
+    struct fg_alloc a = {.ptr = (uint64_t)(uintptr_t)m, .size = size, .dev = dev, .kind = FG_ALLOC_POOLIMPORT,
+                         .shared = data->idx + 1, .shared_gen = data->gen};
+    if (!m || fg_alloc_insert(&a) != 0) {
+        if (m)
+            munmap(m, size);
+        fg_share_drop(data->idx, data->gen);
+        return m ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_MAP_FAILED;
+    }
+    *pp = a.ptr;
     return CUDA_SUCCESS;
 }

@@ -57,7 +57,27 @@ typedef void (*fg_fn)(void);
     X(cuOccupancyMaxPotentialBlockSize) X(cuOccupancyMaxPotentialBlockSizeWithFlags)                               \
     X(cuOccupancyAvailableDynamicSMemPerBlock) X(cuCtxGetId) FUNCS_COPY(X) FUNCS_MISC(X) FUNCS_FEATURES(X) X(cuMemPoolSetAccess) X(cuMemPoolGetAccess) X(cuMemExportToShareableHandle)                      \
     X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)   \
-    X(cuStreamWriteValue32) X(cuStreamWriteValue32_ptsz) X(cuStreamWriteValue64) X(cuStreamWriteValue64_ptsz)
+    X(cuStreamWriteValue32) X(cuStreamWriteValue32_ptsz) X(cuStreamWriteValue64) X(cuStreamWriteValue64_ptsz) GRAPH_FUNCS(X) SHARE_FUNCS(X)
+
+/* cuda_graph.c */
+#define GRAPH_FUNCS(X)                                                                                           \
+    X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphAddKernelNode) \
+    X(cuGraphAddKernelNode_v2) X(cuGraphAddEmptyNode) X(cuGraphGetNodes) X(cuGraphNodeGetType)                    \
+    X(cuGraphMemAllocNodeGetParams) X(cuGraphMemFreeNodeGetParams) X(cuGraphInstantiate) X(cuGraphInstantiate_v2) \
+    X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) X(cuGraphInstantiateWithParams_ptsz)          \
+    X(cuGraphExecDestroy) X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)           \
+    X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute)                       \
+    X(cuStreamBeginCapture) X(cuStreamBeginCapture_v2) X(cuStreamBeginCapture_ptsz) X(cuStreamEndCapture)         \
+    X(cuStreamEndCapture_ptsz) X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo)       \
+    X(cuStreamGetCaptureInfo_ptsz) X(cuStreamGetCaptureInfo_v2) X(cuStreamGetCaptureInfo_v2_ptsz)                 \
+    X(cuStreamGetCaptureInfo_v3) X(cuStreamGetCaptureInfo_v3_ptsz) X(cuThreadExchangeStreamCaptureMode)
+/* cuda_ipc.c, cuda_vmm.c, cuda_pool.c */
+#define SHARE_FUNCS(X)                                                                                           \
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)                    \
+    X(cuMemHostRegister) X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer_v2)           \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle)              \
+    X(cuMemGetAllocationPropertiesFromHandle) X(cuMemPoolExportToShareableHandle)                                 \
+    X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)
 
 FUNCS(DECL)
 
@@ -78,21 +98,37 @@ static const struct {
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"},
     {CUDA_ERROR_ARRAY_IS_MAPPED, "CUDA_ERROR_ARRAY_IS_MAPPED", "array is mapped"},
     {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
     {CUDA_ERROR_NOT_MAPPED, "CUDA_ERROR_NOT_MAPPED", "resource not mapped"},
     {CUDA_ERROR_INVALID_SOURCE, "CUDA_ERROR_INVALID_SOURCE", "device kernel image is invalid"},
     {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
     {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
     {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -297,6 +333,33 @@ static const struct entry g_table[] = {
     P("cuStreamWriteValue32", 11070, cuStreamWriteValue32, cuStreamWriteValue32_ptsz)
     P("cuStreamWriteValue64", 9000, cuStreamWriteValue64, cuStreamWriteValue64_ptsz)
     P("cuStreamWriteValue64", 11070, cuStreamWriteValue64, cuStreamWriteValue64_ptsz)
+    /* graphs and stream capture (cuda_graph.c); cuGraphInstantiate is the WithFlags form from
+     * CUDA 12.0 (cuda.h: #define cuGraphInstantiate cuGraphInstantiateWithFlags) */
+    E("cuGraphCreate", 10000, cuGraphCreate)
+    E("cuGraphDestroy", 10000, cuGraphDestroy)
+    E("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode)
+    E("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode)
+    E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode)
+    E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2)
+    E("cuGraphAddEmptyNode", 10000, cuGraphAddEmptyNode)
+    E("cuGraphGetNodes", 10000, cuGraphGetNodes)
+    E("cuGraphNodeGetType", 10000, cuGraphNodeGetType)
+    E("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams)
+    E("cuGraphMemFreeNodeGetParams", 11040, cuGraphMemFreeNodeGetParams)
+    E("cuGraphInstantiate", 10000, cuGraphInstantiate)
+    E("cuGraphInstantiate", 11000, cuGraphInstantiate_v2)
+    E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags)
+    E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags)
+    P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz)
+    E("cuGraphExecDestroy", 10000, cuGraphExecDestroy)
+    P("cuGraphUpload", 11010, cuGraphUpload, cuGraphUpload_ptsz)
+    P("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz)
+    E("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim)
+    E("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute)
+    E("cuDeviceSetGraphMemAttribute", 11040, cuDeviceSetGraphMemAttribute)
+    E("cuStreamBeginCapture", 10000, cuStreamBeginCapture)
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_ptsz)
+    P("cuStreamEndCapture", 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz)
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
     P("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_ptsz)
     P("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz)
@@ -350,6 +413,18 @@ static const struct entry g_table[] = {
     P("cuMemPrefetchAsync", 12020, cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz)
     E("cuMemAdvise", 8000, cuMemAdvise)
     E("cuMemAdvise", 12020, cuMemAdvise_v2)
+    /* sharing between processes, registered host memory (cuda_ipc.c, cuda_vmm.c, cuda_pool.c) */
+    E("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle)
+    E("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle)
+    E("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2)
+    E("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle)
+    E("cuMemHostRegister", 4000, cuMemHostRegister)
+    E("cuMemHostRegister", 6050, cuMemHostRegister_v2)
+    E("cuMemHostUnregister", 4000, cuMemHostUnregister)
+    E("cuMemPoolExportToShareableHandle", 11020, cuMemPoolExportToShareableHandle)
+    E("cuMemPoolImportFromShareableHandle", 11020, cuMemPoolImportFromShareableHandle)
+    E("cuMemPoolExportPointer", 11020, cuMemPoolExportPointer)
+    E("cuMemPoolImportPointer", 11020, cuMemPoolImportPointer)
     E("cuGetErrorString", 6000, cuGetErrorString)
     E("cuGetErrorName", 6000, cuGetErrorName)
     E("cuGetProcAddress", 11030, cuGetProcAddress)

@@ -118,6 +118,8 @@ static CUresult stream_sync(CUstream s, int per_thread)
     CUresult rc = fg_stream_resolve(s, per_thread, &dev, &idx);
     if (rc)
         return rc;
+    if ((rc = fg_capture_forbid(s, per_thread))) /* "invalid to synchronize ... a stream being captured" */
+        return rc;
     rc = fg_wait_idle(dev, idx);
     fg_pools_sync(dev);
     return rc;
@@ -138,6 +140,8 @@ static CUresult stream_query(CUstream s, int per_thread)
     int dev = 0, idx = 0;
     CUresult rc = fg_stream_resolve(s, per_thread, &dev, &idx);
     if (rc)
+        return rc;
+    if ((rc = fg_capture_forbid(s, per_thread)))
         return rc;
     struct fg_state *st = fg_g.st;
     fg_lock();
@@ -169,22 +173,6 @@ FG_API CUresult cuStreamGetFlags(CUstream s, unsigned int *flags)
     return CUDA_SUCCESS;
 }
 
-FG_API CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
-{
-    int dev = 0, idx = 0;
-    (void)ev;
-    (void)flags;
-    return fg_stream_resolve(s, 0, &dev, &idx);
-}
-
-FG_API CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent ev, unsigned int flags)
-{
-    int dev = 0, idx = 0;
-    (void)ev;
-    (void)flags;
-    return fg_stream_resolve(s, 1, &dev, &idx);
-}
-
 /* --- events: a record marks the stream's queue; the event completes when it drained -------- */
 
 struct fg_event {
@@ -192,7 +180,33 @@ struct fg_event {
     int dev, idx; /* -1: never recorded */
     uint64_t target; /* stream must have completed this many of the process's kernels */
     uint64_t done_ns;
+    uint64_t capture; /* recorded in this capture (stream capture), 0 none */
 };
+
+/* A stream waiting on an event recorded in a capture joins that capture (the fork/join pattern
+ * of multi-stream capture, CUDA Programming Guide "Cross-stream Dependencies and Events"). */
+static CUresult wait_event(CUstream s, CUevent ev, int per_thread)
+{
+    int dev = 0, idx = 0;
+    CUresult rc = fg_stream_resolve(s, per_thread, &dev, &idx);
+    if (rc)
+        return rc;
+    if (ev && ev->magic == FG_MAGIC_EVENT && ev->capture && fg_capture_count)
+        return fg_capture_join(s, per_thread, ev->capture);
+    return CUDA_SUCCESS;
+}
+
+FG_API CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
+{
+    (void)flags;
+    return wait_event(s, ev, 0);
+}
+
+FG_API CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent ev, unsigned int flags)
+{
+    (void)flags;
+    return wait_event(s, ev, 1);
+}
 
 FG_API CUresult cuEventCreate(CUevent *pe, unsigned int flags)
 {
@@ -228,6 +242,9 @@ static CUresult event_record(CUevent e, CUstream s, int per_thread)
     CUresult rc = fg_stream_resolve(s, per_thread, &dev, &idx);
     if (rc)
         return rc;
+    e->capture = fg_capture_count ? fg_capture_event_record(s, per_thread) : 0;
+    if (e->capture)
+        return CUDA_SUCCESS; /* an event record node: nothing is queued */
     struct fg_state *st = fg_g.st;
     fg_lock();
     fg_sim_advance(st, dev, fg_now());
@@ -284,6 +301,8 @@ FG_API CUresult cuEventSynchronize(CUevent e)
         return CUDA_ERROR_INVALID_HANDLE;
     while (!event_done(e))
         sleep_ns(100000);
+    if (e->dev >= 0)
+        fg_pools_sync(e->dev); /* pools release above their threshold at event synchronisation too */
     return CUDA_SUCCESS;
 }
 

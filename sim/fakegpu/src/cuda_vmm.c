@@ -1,25 +1,45 @@
 /* fakegpu libcuda: virtual memory management (cuMemCreate/Map/...) and CUDA arrays.
  *
- * cuMemCreate charges the physical handle's size to the device named by prop->location.id
- * (never the current context's device, the lesson of HAMi-core #169/#187).  Address ranges are
- * PROT_NONE reservations; cuMemMap makes a range accessible.  The handle's memory is uncharged
- * when it is released and no mapping uses it any more, as the real driver documents.
+ * From the CUDA Driver API reference, "Virtual Memory Management".  cuMemCreate charges the
+ * physical handle's size to the device named by prop->location.id (never the current context's
+ * device, the lesson of HAMi-core #169/#187); at a host location (CU_MEM_LOCATION_TYPE_HOST,
+ * HOST_NUMA with a NUMA node id, HOST_NUMA_CURRENT) it is host memory and counts nowhere on a
+ * device (HAMi-core #187: llama.cpp).  Address ranges are PROT_NONE reservations; cuMemMap
+ * makes a range accessible.  The handle's memory is uncharged when it is released and no
+ * mapping uses it any more, as the real driver documents.  A handle created with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in requestedHandleTypes keeps its bytes in a shared
+ * file (cuda_ipc.c): cuMemExportToShareableHandle gives a descriptor of it, which another
+ * process imports (cuMemImportFromShareableHandle) and maps: one allocation, counted once,
+ * freed when every process released it (what NCCL >= 2.19 does between the ranks of a node).
  */
 #include "fg_cuda.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define GRAN (2ULL << 20)
 #define HANDLE_MAGIC 0x484d4d46u
 #define MAX_MAPS 1024
+#define LOC_DEVICE 1
+#define LOC_HOST 2
+#define LOC_HOST_NUMA 3
+#define LOC_HOST_NUMA_CURRENT 4
+#define HT_POSIX_FD 1
 
 struct vmm_handle {
     uint32_t magic;
     int dev;
     uint64_t size;
     int refs; /* 1 for the handle + 1 per mapping */
+    int loc_type, loc_id;
+    int handle_types;
+    int host;     /* host memory: not counted on the device */
+    int fd;       /* the shared file (exportable or imported handles), -1 none */
+    int shared;   /* entry index + 1 in the node's shared table, 0 none */
+    uint64_t shared_gen;
 };
 
 struct mapping {
@@ -41,7 +61,12 @@ struct fg_alloc_prop {
 static void handle_put(struct vmm_handle *h)
 {
     if (--h->refs == 0) {
-        fg_uncharge(h->dev, h->size, FG_KIND_DEVICE);
+        if (h->fd >= 0)
+            close(h->fd);
+        if (h->shared)
+            fg_share_drop(h->shared - 1, h->shared_gen); /* the last holder frees the memory */
+        else if (!h->host)
+            fg_uncharge(h->dev, h->size, FG_KIND_DEVICE);
         h->magic = 0;
         free(h);
     }
@@ -66,17 +91,25 @@ FG_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
         return rc;
     if (!handle || !prop || flags != 0 || size == 0 || size % GRAN != 0 || prop->type != 1)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->locType != 1) /* CU_MEM_LOCATION_TYPE_DEVICE; host locations are not simulated */
+    if (prop->handleTypes & ~HT_POSIX_FD) /* WIN32 handles, FABRIC: not on this node */
         return CUDA_ERROR_NOT_SUPPORTED;
-    int dev = fg_phys(prop->locId);
-    if (dev < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    if (fg_dev_lost(dev))
-        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    int dev = 0, host = 0;
+    if (prop->locType == LOC_DEVICE) {
+        dev = fg_phys(prop->locId);
+        if (dev < 0)
+            return CUDA_ERROR_INVALID_DEVICE;
+        if (fg_dev_lost(dev))
+            return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    } else if (prop->locType == LOC_HOST || prop->locType == LOC_HOST_NUMA_CURRENT ||
+               (prop->locType == LOC_HOST_NUMA && prop->locId >= 0)) {
+        host = 1; /* id is ignored (HOST, HOST_NUMA_CURRENT) or a host NUMA node */
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     struct vmm_handle *h = calloc(1, sizeof(*h));
     if (!h)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if ((rc = fg_charge(dev, size, FG_KIND_DEVICE))) {
+    if (!host && (rc = fg_charge(dev, size, FG_KIND_DEVICE))) {
         free(h);
         return rc;
     }
@@ -84,7 +117,90 @@ FG_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     h->dev = dev;
     h->size = size;
     h->refs = 1;
+    h->loc_type = prop->locType;
+    h->loc_id = prop->locId;
+    h->handle_types = prop->handleTypes;
+    h->host = host;
+    h->fd = -1;
+    if (prop->handleTypes & HT_POSIX_FD) {
+        int idx;
+        uint64_t gen;
+        h->fd = fg_share_new(FG_SHK_VMM, dev, size, host ? 0 : size, &idx, &gen, &rc);
+        if (h->fd < 0) {
+            if (!host)
+                fg_uncharge(dev, size, FG_KIND_DEVICE);
+            free(h);
+            return rc;
+        }
+        h->shared = idx + 1;
+        h->shared_gen = gen;
+    }
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+static struct vmm_handle *handle_of(CUmemGenericAllocationHandle x);
+
+FG_API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle x, int type,
+                                             unsigned long long flags)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!out || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != HT_POSIX_FD)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_vmu);
+    struct vmm_handle *h = handle_of(x);
+    /* the type must have been requested at cuMemCreate */
+    int fd = h && h->fd >= 0 && (h->handle_types & HT_POSIX_FD) ? fcntl(h->fd, F_DUPFD_CLOEXEC, 0) : -2;
+    pthread_mutex_unlock(&g_vmu);
+    if (fd == -2)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+
+FG_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *os_handle, int type)
+{
+    CUresult rc = fg_check_init();
+    if (rc)
+        return rc;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != HT_POSIX_FD)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = (int)(intptr_t)os_handle, idx, dev;
+    uint64_t gen, size;
+    /* a descriptor of an allocation some process of the node still holds */
+    if (fg_share_import_fd(fd, FG_SHK_VMM, &idx, &gen, &size, &dev) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct vmm_handle *h = calloc(1, sizeof(*h));
+    int own = h ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (!h || own < 0) {
+        free(h);
+        fg_share_drop(idx, gen);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fg_state *st = fg_g.st;
+    fg_lock();
+    int host = st->shared[idx].bytes == 0;
+    fg_unlock();
+    h->magic = HANDLE_MAGIC;
+    h->dev = dev;
+    h->size = size;
+    h->refs = 1;
+    h->loc_type = host ? LOC_HOST : LOC_DEVICE;
+    h->loc_id = host ? 0 : fg_ordinal_of(dev);
+    h->handle_types = HT_POSIX_FD;
+    h->host = host;
+    h->fd = own;
+    h->shared = idx + 1;
+    h->shared_gen = gen;
+    *out = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
 }
 
@@ -171,7 +287,10 @@ FG_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
             rc = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (rc == CUDA_SUCCESS) {
-        if (mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) != 0) {
+        int ok = h->fd >= 0 ? mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, h->fd,
+                                   (off_t)offset) != MAP_FAILED
+                            : mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) == 0;
+        if (!ok) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             g_maps[slot] = (struct mapping){ptr, size, h};
@@ -188,6 +307,9 @@ FG_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     pthread_mutex_lock(&g_vmu);
     for (int i = 0; i < MAX_MAPS; i++) {
         if (g_maps[i].h && g_maps[i].ptr == ptr && g_maps[i].size == size) {
+            if (g_maps[i].h->fd >= 0) /* back to a bare reservation */
+                mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                     -1, 0);
             madvise((void *)(uintptr_t)ptr, size, MADV_DONTNEED);
             mprotect((void *)(uintptr_t)ptr, size, PROT_NONE);
             handle_put(g_maps[i].h);
@@ -341,7 +463,8 @@ FG_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *out, v
     return rc;
 }
 
-/* CUmemAllocationProp (32 bytes): type PINNED, location DEVICE and its ordinal, the rest zero */
+/* CUmemAllocationProp (32 bytes): type PINNED, the handle types asked for, the location, the rest
+ * zero */
 FG_API CUresult cuMemGetAllocationPropertiesFromHandle(struct fg_alloc_prop *prop, CUmemGenericAllocationHandle x)
 {
     CUresult rc = fg_check_init();
@@ -351,13 +474,20 @@ FG_API CUresult cuMemGetAllocationPropertiesFromHandle(struct fg_alloc_prop *pro
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_vmu);
     struct vmm_handle *h = handle_of(x);
-    int dev = h ? h->dev : -1;
+    struct fg_alloc_prop v = {0};
+    if (h) {
+        v.type = 1;
+        v.handleTypes = h->handle_types;
+        v.locType = h->loc_type;
+        v.locId = h->loc_type == LOC_DEVICE ? fg_ordinal_of(h->dev) : h->loc_id;
+    }
     pthread_mutex_unlock(&g_vmu);
     if (!h)
         return CUDA_ERROR_INVALID_VALUE;
     memset(prop, 0, 32);
-    prop->type = 1;
-    prop->locType = 1;
-    prop->locId = fg_ordinal_of(dev);
+    prop->type = v.type;
+    prop->handleTypes = v.handleTypes;
+    prop->locType = v.locType;
+    prop->locId = v.locId;
     return CUDA_SUCCESS;
 }

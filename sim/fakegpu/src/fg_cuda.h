@@ -23,6 +23,8 @@ typedef struct fg_pool *CUmemoryPool;
 typedef struct fg_array *CUarray;
 typedef struct fg_event *CUevent;
 typedef struct fg_graphexec *CUgraphExec;
+typedef struct fg_graph *CUgraph;
+typedef struct fg_gnode *CUgraphNode;
 typedef struct {
     char bytes[16];
 } CUuuid;
@@ -42,19 +44,28 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_ARRAY_IS_MAPPED = 207,
     CUDA_ERROR_ALREADY_MAPPED = 208,
+    CUDA_ERROR_MAP_FAILED = 205,
     CUDA_ERROR_NOT_MAPPED = 211,
     CUDA_ERROR_INVALID_SOURCE = 300,
     CUDA_ERROR_FILE_NOT_FOUND = 301,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE = 708,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -134,6 +145,10 @@ int fg_vmm_mapped(uint64_t p, uint64_t n);
 #define FG_ALLOC_HOST 5
 #define FG_ALLOC_VA 6 /* cuMemAddressReserve range */
 #define FG_ALLOC_MODULE 7 /* a module's global variable: not charged, not freeable */
+#define FG_ALLOC_GRAPH 8 /* a graph allocation's range (cuda_graph.c) */
+#define FG_ALLOC_HOSTREG 9 /* host memory registered with cuMemHostRegister (cuda_ipc.c) */
+#define FG_ALLOC_IMPORT 10 /* a cuIpcOpenMemHandle mapping (cuda_ipc.c) */
+#define FG_ALLOC_POOLIMPORT 11 /* a cuMemPoolImportPointer mapping (cuda_pool.c) */
 struct fg_alloc {
     uint64_t ptr;
     uint64_t size;     /* bytes usable */
@@ -143,7 +158,14 @@ struct fg_alloc {
     int kind;
     struct fg_ctx *ctx;
     struct fg_pool *pool;
+    int shared;        /* index + 1 of its entry in the state's shared table (cuda_ipc.c), 0 none */
+    uint64_t shared_gen;
+    int refs;          /* FG_ALLOC_IMPORT: cuIpcOpenMemHandle opens of the same handle */
 };
+/* Replaces the record of the allocation at ptr (same start). 0 or -1. */
+int fg_alloc_update(const struct fg_alloc *a);
+/* The allocation of that kind mapping shared entry (shared, gen): 0, or -1. */
+int fg_alloc_find_shared(int kind, int shared, uint64_t gen, struct fg_alloc *out);
 int fg_alloc_insert(const struct fg_alloc *a);
 int fg_alloc_remove(uint64_t ptr, struct fg_alloc *out); /* exact start */
 /* Finds the allocation containing [p, p+n); 0 or -1. */
@@ -163,6 +185,37 @@ void fg_unmap_bytes(uint64_t ptr, uint64_t size);
 CUresult fg_stream_resolve(CUstream s, int per_thread, int *dev, int *idx);
 CUresult fg_wait_idle(int dev, int idx); /* idx -1: every stream of the device */
 CUresult fg_pools_sync(int dev); /* releases pool memory above thresholds (cuda_pool.c) */
+
+/* cuda_graph.c: stream capture and graph allocations.  fg_capture_count: active captures in
+ * this process (0: the fast path of every hook below). */
+extern int fg_capture_count;
+/* 1 if stream s captures: the operation became a graph node (or failed: *rc) */
+int fg_capture_alloc(CUstream s, int per_thread, int dev, uint64_t size, CUdeviceptr *dptr, CUresult *rc);
+int fg_capture_free(CUstream s, int per_thread, CUdeviceptr p, CUresult *rc);
+int fg_capture_kernel(CUstream s, int per_thread, CUfunction f, const unsigned grid[3], const unsigned block[3],
+                      void **params, CUresult *rc);
+/* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (and the capture invalidated) when s captures */
+CUresult fg_capture_forbid(CUstream s, int per_thread);
+CUresult fg_capture_forbid_ctx(void); /* the same for a context-wide synchronisation */
+uint64_t fg_capture_event_record(CUstream s, int per_thread); /* capture id of s, 0 none */
+CUresult fg_capture_join(CUstream s, int per_thread, uint64_t id);
+CUresult fg_graph_free_ptr(uint64_t ptr); /* cuMemFree(Async) of a graph allocation */
+int fg_graph_live(uint64_t p, uint64_t n);
+
+/* cuda_ipc.c: allocations shared between processes (the state's shared table, fg_shared.c).
+ * fg_share_new: a new entry held by this process (counting `counted` bytes of its charge) and its
+ * backing file of size bytes: the open descriptor, or -1 with *rc.  fg_share_open: becomes a
+ * holder of entry (idx, gen) of that kind and opens its file (size, device set): fd or -1 (*rc).
+ * fg_share_import_fd: becomes a holder of the entry whose file fd is: 0, or -1.
+ * fg_share_drop: lets go of it.  fg_share_map: maps a file MAP_SHARED (at: MAP_FIXED there). */
+int fg_share_new(uint32_t kind, int dev, uint64_t size, uint64_t counted, int *idx, uint64_t *gen, CUresult *rc);
+int fg_share_open(int idx, uint64_t gen, uint32_t kind, uint64_t *size, int *dev, CUresult *rc);
+int fg_share_import_fd(int fd, uint32_t kind, int *idx, uint64_t *gen, uint64_t *size, int *dev);
+void fg_share_drop(int idx, uint64_t gen);
+void *fg_share_map(int fd, uint64_t size, uint64_t at);
+/* Releases an allocation that maps a shared entry (exported, IPC-opened, pool-imported): 1 if
+ * it was one (unmapped, this process no longer holds it), 0 otherwise. */
+int fg_ipc_free(const struct fg_alloc *a);
 
 /* cuda_module.c */
 CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,

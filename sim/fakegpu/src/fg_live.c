@@ -11,20 +11,23 @@
 #include "fg_state.h"
 
 #include <pthread.h>
+#include <string.h>
 
 static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t g_sweep_at;                 /* CLOCK_MONOTONIC ns of the last probe, 0: never */
 static uint64_t g_dead_gen[FG_MAX_SLOTS];   /* generation found dead at the last probe, 0: none */
 static uint64_t g_snap_at;                  /* last private copy made by fg_sim_view */
 
-uint64_t fg_live_mask(struct fg_state *st)
+void fg_live_mask(struct fg_state *st, uint64_t mask[FG_MASK_WORDS])
 {
-    uint64_t now = fg_now(), mask = 0;
+    uint64_t now = fg_now();
     int dead = 0;
+    memset(mask, 0, FG_MASK_WORDS * sizeof(uint64_t));
     pthread_mutex_lock(&g_live_mu);
     int sweep = g_sweep_at == 0 || now - g_sweep_at >= FG_LIVE_SWEEP_NS;
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (__atomic_load_n(&st->slots[s].state, __ATOMIC_ACQUIRE) != FG_SLOT_LIVE)
+        if (!__atomic_load_n(&st->live_map[s], __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&st->slots[s].state, __ATOMIC_ACQUIRE) != FG_SLOT_LIVE)
             continue;
         uint64_t gen = __atomic_load_n(&st->slots[s].generation, __ATOMIC_RELAXED);
         int alive;
@@ -35,7 +38,7 @@ uint64_t fg_live_mask(struct fg_state *st)
             alive = g_dead_gen[s] == 0 || g_dead_gen[s] != gen;
         }
         if (alive)
-            mask |= 1ULL << s;
+            mask[s / 64] |= 1ULL << (s % 64);
         else
             dead = 1;
     }
@@ -47,7 +50,6 @@ uint64_t fg_live_mask(struct fg_state *st)
         fg_reap();
         fg_unlock();
     }
-    return mask;
 }
 
 uint64_t fg_sim_settled(struct fg_state *st, int dev)
@@ -89,7 +91,7 @@ struct fg_state *fg_sim_view(int dev, uint64_t *settled, int *snap)
      * counts only fall when the simulation advances), so everything up to now is settled. */
     int pending = 0;
     for (int s = 0; s < FG_MAX_SLOTS && !pending; s++)
-        if (__atomic_load_n(&st->slots[s].state, __ATOMIC_ACQUIRE) == FG_SLOT_LIVE)
+        if (__atomic_load_n(&st->live_map[s], __ATOMIC_ACQUIRE))
             for (int k = 0; k < FG_MAX_STREAMS; k++)
                 if (__atomic_load_n(&st->slots[s].dev[dev].streams[k].count, __ATOMIC_RELAXED)) {
                     pending = 1;

@@ -93,7 +93,7 @@ static int pick_next(struct fg_state *st, int dev, uint32_t cur)
         int s = (int)((cur + (uint32_t)k) % FG_MAX_SLOTS);
         if (cur >= FG_MAX_SLOTS)
             s = k - 1;
-        if (st->slots[s].state == FG_SLOT_LIVE && pdev_pending(&st->slots[s].dev[dev]) > 0)
+        if (st->live_map[s] && pdev_pending(&st->slots[s].dev[dev]) > 0)
             return s;
     }
     return -1;

@@ -329,6 +329,11 @@ uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev)
 
 static uint64_t unit_used(const struct fg_state *st, int dev)
 {
+    return st->ds[dev].used_total;
+}
+
+uint64_t fg_dev_used_scan(const struct fg_state *st, int dev)
+{
     uint64_t u = 0;
     for (int s = 0; s < FG_MAX_SLOTS; s++)
         if (st->slots[s].state == FG_SLOT_LIVE)
@@ -353,8 +358,35 @@ int fg_unit_live(const struct fg_state *st, int dev)
     return (dev >= 0 && dev < (int)st->h.ndev) || fg_unit_is_mig(st, dev);
 }
 
+void fg_note_high(struct fg_state *st, int dev)
+{
+    struct fg_devstate *ds = &st->ds[dev];
+    uint64_t all = ds->used_total, ctx = ds->ctx_total;
+    if (ds->high_watch && st == fg_g.st && (all > ds->used_high || all - ctx > ds->alloc_high) &&
+        (all > ds->high_watch || all - ctx > ds->high_watch)) {
+        fg_reap(); /* a dead process's memory is not the device's any more */
+        all = ds->used_total;
+        ctx = ds->ctx_total;
+    }
+    if (all > ds->used_high)
+        ds->used_high = all;
+    if (all - ctx > ds->alloc_high)
+        ds->alloc_high = all - ctx;
+}
+
 void fg_release_slot(struct fg_state *st, int slot)
 {
+    fg_shared_release_slot(st, slot, st == fg_g.st);
+    for (unsigned d = 0; d < FG_MAX_DEV; d++) {
+        if (st->slots[slot].state != FG_SLOT_LIVE)
+            break;
+        uint64_t u = fg_pdev_used(st, slot, (int)d);
+        uint64_t c = (uint64_t)st->slots[slot].dev[d].contexts * st->cfg[d].context_overhead;
+        struct fg_devstate *ds = &st->ds[d];
+        ds->used_total = ds->used_total >= u ? ds->used_total - u : 0;
+        ds->ctx_total = ds->ctx_total >= c ? ds->ctx_total - c : 0;
+    }
+    st->live_map[slot] = 0;
     memset(&st->slots[slot], 0, sizeof(st->slots[slot]));
     for (unsigned d = 0; d < FG_MAX_DEV; d++)
         if (st->ds[d].cur_slot == (uint32_t)slot)
@@ -364,12 +396,20 @@ void fg_release_slot(struct fg_state *st, int slot)
 void fg_reap(void)
 {
     fg_reap_in(fg_g.st);
+    fg_g.st->h.reaped_ns = fg_now();
+}
+
+void fg_reap_lazy(void)
+{
+    uint64_t now = fg_now(), last = fg_g.st->h.reaped_ns;
+    if (last == 0 || now < last || now - last >= FG_REAP_NS)
+        fg_reap();
 }
 
 void fg_reap_in(struct fg_state *st)
 {
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (st->slots[s].state != FG_SLOT_LIVE || s == fg_g.slot)
+        if (!st->live_map[s] || s == fg_g.slot)
             continue;
         if (!fg_slot_alive(s)) {
             /* Queued work of a dead context is discarded, as when the driver tears it down. */
@@ -382,40 +422,83 @@ void fg_reap_in(struct fg_state *st)
     }
 }
 
+static int take_free_slot(struct fg_state *st);
+static int fill_slot(struct fg_state *st, int s);
+
+/* who this process is (read outside the lock: /proc reads take tens of microseconds) */
+static struct {
+    int ready;
+    uint64_t pidns, start_time;
+    char comm[16];
+} g_id;
+
+void fg_identify(void)
+{
+    if (g_id.ready)
+        return;
+    g_id.pidns = fg_self_pidns();
+    g_id.start_time = read_start_time();
+    FILE *f = fopen("/proc/self/comm", "re");
+    if (f) {
+        if (fgets(g_id.comm, sizeof(g_id.comm), f))
+            g_id.comm[strcspn(g_id.comm, "\n")] = '\0';
+        fclose(f);
+    }
+    g_id.ready = 1;
+}
+
 int fg_register(void)
 {
     struct fg_state *st = fg_g.st;
     if (fg_g.slot >= 0)
         return 0;
-    fg_reap();
-    for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (st->slots[s].state != FG_SLOT_FREE)
-            continue;
-        if (ofd_lock(fg_g.fd, F_RDLCK, FG_LOCK_SLOT0 + s, 0) != 0)
-            continue; /* a registration whose owner is still alive: leave it */
-        struct fg_slot *sl = &st->slots[s];
-        memset(sl, 0, sizeof(*sl));
-        sl->pid = (int32_t)getpid();
-        sl->pidns = fg_self_pidns();
-        if (sl->pidns == FG_PIDNS_INIT)
-            sl->host_pid = sl->pid; /* already a host pid */
-        sl->start_time = read_start_time();
-        sl->generation = ++st->h.generation;
-        FILE *f = fopen("/proc/self/comm", "re");
-        if (f) {
-            if (fgets(sl->comm, sizeof(sl->comm), f))
-                sl->comm[strcspn(sl->comm, "\n")] = '\0';
-            fclose(f);
-        }
-        sl->state = FG_SLOT_LIVE;
-        fg_g.slot = s;
-        return 0;
+    fg_identify();
+    /* Dead slots are reclaimed lazily (a probe per live process would make a burst of N
+     * processes starting together cost N^2 syscalls under the lock), and at once when no slot
+     * is free. */
+    fg_reap_lazy();
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            fg_reap();
+        int s = take_free_slot(st);
+        if (s >= 0)
+            return fill_slot(st, s);
     }
     return -1;
 }
 
+static int take_free_slot(struct fg_state *st)
+{
+    for (int s = 0; s < FG_MAX_SLOTS; s++) {
+        if (st->live_map[s])
+            continue;
+        if (ofd_lock(fg_g.fd, F_RDLCK, FG_LOCK_SLOT0 + s, 0) != 0)
+            continue; /* a registration whose owner is still alive: leave it */
+        return s;
+    }
+    return -1;
+}
+
+static int fill_slot(struct fg_state *st, int s)
+{
+    struct fg_slot *sl = &st->slots[s];
+    /* a free slot is all zero (fg_release_slot, a fresh file): only its header is written,
+     * not its 54 KiB of per-device queues and periods */
+    sl->pid = (int32_t)getpid();
+    sl->pidns = g_id.pidns;
+    sl->host_pid = sl->pidns == FG_PIDNS_INIT ? sl->pid : 0; /* already a host pid */
+    sl->start_time = g_id.start_time;
+    sl->generation = ++st->h.generation;
+    memcpy(sl->comm, g_id.comm, sizeof(sl->comm));
+    sl->state = FG_SLOT_LIVE;
+    st->live_map[s] = 1;
+    fg_g.slot = s;
+    return 0;
+}
+
 void fg_atfork_child(void)
 {
+    g_id.ready = 0; /* another process */
     /* The child shares the parent's open file description, and with it the parent's locks: it
      * must not use them.  Drop everything; the child opens the state anew when it initialises. */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;

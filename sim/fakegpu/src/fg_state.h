@@ -20,7 +20,9 @@
 
 #define FG_MAX_GPU 8  /* GPUs of the configuration */
 #define FG_MAX_DEV 16 /* simulation units: the GPUs, then MIG devices (fg_mig.h) at indices >= ndev */
-#define FG_MAX_SLOTS 64
+#define FG_MAX_SLOTS 384 /* processes on the node at once (256 of one container, and the rest) */
+#define FG_MASK_WORDS (FG_MAX_SLOTS / 64)
+#define FG_MAX_SHARED 256 /* shared (exported/imported) allocations on the node */
 #define FG_MAX_STREAMS 16 /* per process per device; 0 = legacy default, 1 = per-thread default */
 #define FG_QENT 16        /* run-length entries per stream queue */
 #define FG_RING 128       /* utilisation periods kept per process/device and per device */
@@ -113,6 +115,42 @@ struct fg_devstate {
     uint64_t xid_seq;  /* number of XIDs injected so far */
     struct fg_xid xids[FG_XID_RING];
     struct fg_period periods[FG_RING];
+    /* High-water marks of the device's memory, updated under the lock at every change (the test
+     * oracle of the memory limits: fakegpu-ctl high).  used_high: fg_dev_used (allocations +
+     * managed resident + contexts); alloc_high: the same without the contexts. */
+    uint64_t used_high;
+    uint64_t alloc_high;
+    /* A new high above this many bytes is recorded only after dead processes were reaped (a
+     * probe per live process): the memory of a process that died and was not reaped yet is
+     * gone on a real GPU.  0: never verified (fakegpu-ctl high --watch BYTES sets it). */
+    uint64_t high_watch;
+    /* fg_dev_used of this device, kept up to date under the lock at every change (charges,
+     * frees, contexts, shared memory let go, reaped processes), so that a charge costs no scan
+     * of every process; ctx_total: the contexts' part of it.  fakegpu-ctl high checks them
+     * against a scan. */
+    uint64_t used_total;
+    uint64_t ctx_total;
+};
+
+/* A device allocation shared between processes (cuda_ipc.c): exported to a POSIX file
+ * descriptor, a legacy IPC handle or a pool export.  Its bytes are backed by the file
+ * <FAKEGPU_STATE>.mem/<index>.<generation>; its device memory counts once, in the mem_device of
+ * charged_slot (one of the holders), and is freed when the last holder drops it. */
+#define FG_SHARED_FREE 0u
+#define FG_SHARED_LIVE 1u
+#define FG_SHK_VMM 1u     /* cuMemCreate handle with a POSIX fd handle type */
+#define FG_SHK_IPC 2u     /* cuMemAlloc allocation exported with cuIpcGetMemHandle */
+#define FG_SHK_POOL 3u    /* an exportable memory pool (no bytes of its own) */
+#define FG_SHK_POOLPTR 4u /* an allocation of an exportable pool (counted by the pool) */
+struct fg_shared {
+    uint32_t state;
+    uint32_t kind;
+    int32_t dev;
+    int32_t charged_slot; /* -1: counted nowhere (pools, pool pointers) */
+    uint64_t bytes;
+    uint64_t generation;
+    uint64_t ino, fsdev;  /* identity of the backing file */
+    uint64_t holders[FG_MASK_WORDS];
 };
 
 struct fg_header {
@@ -130,6 +168,8 @@ struct fg_header {
     char driver_version[32];  /* NVML system driver version, e.g. "580.65.06" */
     int32_t cuda_version;     /* cuDriverGetVersion, e.g. 13000 */
     uint32_t pad;
+    uint64_t reaped_ns;       /* CLOCK_MONOTONIC ns of the last full reap (fg_reap_lazy) */
+    uint64_t shared_generation;
 };
 
 /* MIG (fg_mig.h): per GPU its mode, GPU instances and their compute instances; per unit its place. */
@@ -171,7 +211,11 @@ struct fg_state {
     struct fg_header h;
     struct fg_devcfg cfg[FG_MAX_DEV];
     struct fg_devstate ds[FG_MAX_DEV];
+    /* live_map[s] is 1 while slots[s].state is FG_SLOT_LIVE (changed with it, under the lock):
+     * scans read this page instead of one page per slot */
+    uint8_t live_map[FG_MAX_SLOTS];
     struct fg_slot slots[FG_MAX_SLOTS];
+    struct fg_shared shared[FG_MAX_SHARED];
     struct fg_mig mig[FG_MAX_GPU];
     struct fg_unit unit[FG_MAX_DEV];
 };
@@ -228,27 +272,43 @@ struct fg_state *fg_snapshot_begin(void);
 /* The last private copy as it is (NULL if none); fg_snapshot_end releases it. */
 struct fg_state *fg_snapshot_last(void);
 void fg_snapshot_end(void);
-/* Registers this process in a slot (holding its liveness lock).  Call with the lock held. */
+/* Reads this process's identity (pid namespace, start time, name) for fg_register: call it
+ * before taking the lock.  Registers this process in a slot (holding its liveness lock): call
+ * with the lock held. */
+void fg_identify(void);
 int fg_register(void);
 /* Reclaims the slots of dead processes.  Call with the lock held (or on a snapshot). */
 void fg_reap(void);
 void fg_reap_in(struct fg_state *st);
+/* Reaps at most every FG_REAP_NS (node-wide): a slot probe is a syscall per live process, so a
+ * burst of processes starting together must not probe on every charge.  Charges that do not fit
+ * reap fully before they fail. */
+#define FG_REAP_NS 10000000ULL
+void fg_reap_lazy(void);
+/* Records the device's high-water marks (call after a change, with the lock held). */
+void fg_note_high(struct fg_state *st, int dev);
 int fg_slot_alive(int slot);
 uint64_t fg_now(void); /* CLOCK_MONOTONIC ns */
 uint64_t fg_dev_used(const struct fg_state *st, int dev); /* a MIG device: its GPU instance's */
 int fg_unit_live(const struct fg_state *st, int dev);       /* a GPU or an existing MIG device */
+uint64_t fg_dev_used(const struct fg_state *st, int dev); /* the running total (O(1)) */
+uint64_t fg_dev_used_scan(const struct fg_state *st, int dev); /* the same, summed over the slots */
 uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev);
 void fg_release_slot(struct fg_state *st, int slot);
 void fg_atfork_child(void);
 
 /* fg_live.c: lock-free reads for NVML (no lock waits, no snapshot copies).  Every field a reader
  * uses is one aligned word written by a single store, so a reader sees each value whole (a
- * momentary answer, as from the real driver).  fg_live_mask: the slots of live processes, their
+ * momentary answer, as from the real driver).  fg_live_mask: the slots of live processes (a bitmap), their
  * liveness probed at most every FG_LIVE_SWEEP_NS (a slot found dead is left out and reaped when
  * the lock is free).  fg_sim_settled: advances the device to now if the lock is free at once and
  * returns the time up to which its simulation is final (periods before it are complete). */
 #define FG_LIVE_SWEEP_NS 200000000ULL
-uint64_t fg_live_mask(struct fg_state *st);
+void fg_live_mask(struct fg_state *st, uint64_t mask[FG_MASK_WORDS]);
+static inline int fg_mask_has(const uint64_t *mask, int s)
+{
+    return (int)((mask[s / 64] >> (s % 64)) & 1u);
+}
 uint64_t fg_sim_settled(struct fg_state *st, int dev);
 /* The state to read device dev's utilisation from, *settled set: the live state, advanced if the
  * lock is free at once; or, when the simulation has not moved for FG_STALE_NS and the lock is
@@ -271,6 +331,17 @@ void fg_sim_drop(struct fg_state *st, int slot, int dev, int stream); /* discard
 uint64_t fg_sim_pending_ns(const struct fg_state *st, int slot, int dev, int stream); /* stream -1: all */
 uint32_t fg_sim_pending(const struct fg_state *st, int slot, int dev, int stream);
 int64_t fg_ts_us(const struct fg_state *st, uint64_t mono_ns);
+
+/* fg_shared.c: allocations shared between processes (with the lock held; live = 0 on a
+ * snapshot: no files touched).  fg_shared_new returns the index or -1 (table full). */
+int fg_shared_path(int idx, uint64_t gen, char *buf, size_t len);
+int fg_shared_new(struct fg_state *st, uint32_t kind, int dev, uint64_t bytes, int charged_slot, int holder);
+void fg_shared_hold(struct fg_state *st, int idx, int slot);
+int fg_shared_find(const struct fg_state *st, int idx, uint64_t gen); /* idx if live with gen, else -1 */
+int fg_shared_find_file(const struct fg_state *st, uint64_t ino, uint64_t fsdev);
+/* slot lets go of entry idx: its charge moves to another holder, or the entry is freed */
+void fg_shared_drop(struct fg_state *st, int idx, int slot, int live);
+void fg_shared_release_slot(struct fg_state *st, int slot, int live);
 
 /* fg_visible.c: FAKEGPU_VISIBLE_DEVICES -> state indices of GPUs; returns the count.  A MIG UUID
  * makes its parent GPU visible. */

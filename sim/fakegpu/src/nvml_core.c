@@ -371,7 +371,8 @@ static nvmlReturn_t memory(nvmlDevice_t d, uint64_t *total, uint64_t *reserved, 
         return rc;
     /* lock-free (fg_live.c): a momentary answer, never a wait on another process */
     struct fg_state *st = fg_g.st;
-    uint64_t live = fg_live_mask(st), u = 0;
+    uint64_t live[FG_MASK_WORDS], u = 0;
+    fg_live_mask(st, live);
     /* a MIG device: its GPU instance's memory; a GPU in MIG mode: the aggregate of its instances
      * ("In MIG mode, if device handle is provided, the API returns aggregate information", nvml.h) */
     int gpu = fg_unit_root(st, i), mig = fg_unit_is_mig(st, i);
@@ -380,7 +381,7 @@ static nvmlReturn_t memory(nvmlDevice_t d, uint64_t *total, uint64_t *reserved, 
                         (!mig || st->unit[d].gi == st->unit[i].gi)))
             continue;
         for (int s = 0; s < FG_MAX_SLOTS; s++)
-            if (live & (1ULL << s))
+            if (fg_mask_has(live, s))
                 u += fg_pdev_used(st, s, d);
     }
     *used = u;

@@ -67,7 +67,8 @@ static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
         return rc;
     /* lock-free (fg_live.c) */
     struct fg_state *st = fg_g.st;
-    uint64_t live = fg_live_mask(st);
+    uint64_t live[FG_MASK_WORDS];
+    fg_live_mask(st, live);
     int units[FG_MAX_DEV], nu = 1;
     units[0] = i;
     if (!fg_unit_is_mig(st, i) && fg_mig_enabled(st, i))
@@ -76,7 +77,7 @@ static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
     for (int k = 0; k < nu; k++) {
         int u = units[k], mig = fg_unit_is_mig(st, u);
         for (int s = 0; s < FG_MAX_SLOTS && *n < MAX_ROWS; s++) {
-            if (!(live & (1ULL << s)) || st->slots[s].dev[u].contexts == 0)
+            if (!fg_mask_has(live, s) || st->slots[s].dev[u].contexts == 0)
                 continue;
             int pid = fg_visible_pid(st, s);
             if (pid <= 0)
@@ -224,7 +225,8 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n,
         return NVML_ERROR_NOT_SUPPORTED;
     /* lock-free (fg_live.c): only periods the simulation has settled are reported, so a
      * sample is never a partial period (lastSeenTimeStamp would hide its final value) */
-    uint64_t live = fg_live_mask(fg_g.st), settled;
+    uint64_t live[FG_MASK_WORDS], settled;
+    fg_live_mask(fg_g.st, live);
     int snap;
     struct fg_state *st = fg_sim_view(i, &settled, &snap);
     *n = 0;
@@ -238,7 +240,7 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n,
     if (last_mono > 0 && (uint64_t)last_mono / P >= 1 && (uint64_t)last_mono / P - 1 > lo)
         lo = (uint64_t)last_mono / P - 1; /* still checked exactly below */
     for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (!(live & (1ULL << s)))
+        if (!fg_mask_has(live, s))
             continue;
         const struct fg_pdev *p = &st->slots[s].dev[i];
         if (p->contexts)

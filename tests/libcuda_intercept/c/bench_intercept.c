@@ -6,12 +6,15 @@
  *   bench_intercept launch N        ns per cuLaunchKernel call (N calls)
  *   bench_intercept allocfree K S   K alloc+free pairs of S bytes, after a
  *                                   start barrier (stdin EOF): ns per pair
- *   bench_intercept init            after the barrier: cuInit + context +
- *                                   first alloc/free; wall ns
+ *   bench_intercept init [FILE]     after the barrier: cuInit + context +
+ *                                   first alloc/free; wall ns (and, with FILE,
+ *                                   the latency from the CLOCK_MONOTONIC ns
+ *                                   the releaser wrote there)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -81,17 +84,29 @@ int main(int argc, char **argv)
         printf("pair_wall_ns %.1f\npair_cpu_ns %.1f\n", (double)(w1 - w0) / (double)k, (double)(c1 - c0) / (double)k);
         return 0;
     }
-    if (!strcmp(argv[1], "init") && argc == 2) {
+    if (!strcmp(argv[1], "init") && (argc == 2 || argc == 3)) {
         printf("ready\n");
         fflush(stdout);
         barrier();
+        struct rusage r0, r1;
+        getrusage(RUSAGE_SELF, &r0);
         long long w0 = ns(CLOCK_MONOTONIC), c0 = ns(CLOCK_PROCESS_CPUTIME_ID);
         init_ctx();
         CUdeviceptr p;
         if (A.cuMemAlloc_v2(&p, 4096) || A.cuMemFree_v2(p))
             die("first alloc failed");
         long long w1 = ns(CLOCK_MONOTONIC), c1 = ns(CLOCK_PROCESS_CPUTIME_ID);
+        getrusage(RUSAGE_SELF, &r1);
         printf("init_wall_ns %lld\ninit_cpu_ns %lld\n", w1 - w0, c1 - c0);
+        printf("init_minflt %ld\ninit_nvcsw %ld\n", r1.ru_minflt - r0.ru_minflt, r1.ru_nvcsw - r0.ru_nvcsw);
+        if (argc == 3) {
+            FILE *f = fopen(argv[2], "r");
+            long long rel = 0;
+            if (!f || fscanf(f, "%lld", &rel) != 1)
+                die("no release time in %s", argv[2]);
+            fclose(f);
+            printf("init_latency_ns %lld\n", w1 - rel);
+        }
         return 0;
     }
     die("bad arguments");

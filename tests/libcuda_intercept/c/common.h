@@ -49,7 +49,56 @@ typedef struct CUmod_st *CUmodule;
     X(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0, (const CUlaunchConfig *, CUfunction, void **, void **)) \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 2, (CUgraphExec, CUstream))                          \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0,                                 \
-      (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **))
+      (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
+    API_FUNCS_PATHS(X)
+
+/* the allocation paths of paths.c and matrix.c */
+#define API_FUNCS_PATHS(X)                                                                             \
+    X(cuStreamCreate, "cuStreamCreate", 2000, 0, (CUstream *, unsigned))                               \
+    X(cuStreamDestroy_v2, "cuStreamDestroy", 4000, 0, (CUstream))                                      \
+    X(cuCtxSynchronize, "cuCtxSynchronize", 2000, 0, (void))                                           \
+    X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0, (CUdeviceptr *, size_t, CUstream))                 \
+    X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0, (CUdeviceptr, CUstream))                             \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0,                                    \
+      (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                                 \
+    X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 11020, 0, (CUmemoryPool, int, void *))           \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0, (CUmemoryPool, int, void *))           \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0, (CUmemoryPool *, CUdevice))    \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0, (CUstream, int))                      \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0, (CUstream, CUgraph *))                       \
+    X(cuStreamIsCapturing, "cuStreamIsCapturing", 10000, 0, (CUstream, int *))                         \
+    X(cuGraphCreate, "cuGraphCreate", 10000, 0, (CUgraph *, unsigned))                                 \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, 0,                                      \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *))             \
+    X(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, 0,                                        \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr))                              \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiate", 12000, 0, (CUgraphExec *, CUgraph, unsigned long long)) \
+    X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000, 0,                          \
+      (CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *))                                       \
+    X(cuGraphLaunch, "cuGraphLaunch", 10000, 0, (CUgraphExec, CUstream))                               \
+    X(cuGraphUpload, "cuGraphUpload", 11010, 0, (CUgraphExec, CUstream))                               \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0, (CUgraphExec))                               \
+    X(cuGraphDestroy, "cuGraphDestroy", 10000, 0, (CUgraph))                                           \
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0, (CUdevice))                              \
+    X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", 11040, 0, (CUdevice, int, void *)) \
+    X(cuDeviceSetGraphMemAttribute, "cuDeviceSetGraphMemAttribute", 11040, 0, (CUdevice, int, void *)) \
+    X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0, (CUipcMemHandle *, CUdeviceptr))               \
+    X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0, (CUdeviceptr *, CUipcMemHandle, unsigned)) \
+    X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0, (CUdeviceptr))                              \
+    X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, 0,                          \
+      (void *, CUmemGenericAllocationHandle, int, unsigned long long))                                 \
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, 0,                      \
+      (CUmemGenericAllocationHandle *, void *, int))                                                   \
+    X(cuMemPoolExportToShareableHandle, "cuMemPoolExportToShareableHandle", 11020, 0,                  \
+      (void *, CUmemoryPool, int, unsigned long long))                                                 \
+    X(cuMemPoolImportFromShareableHandle, "cuMemPoolImportFromShareableHandle", 11020, 0,              \
+      (CUmemoryPool *, void *, int, unsigned long long))                                               \
+    X(cuMemPoolExportPointer, "cuMemPoolExportPointer", 11020, 0, (void *, CUdeviceptr))               \
+    X(cuMemPoolImportPointer, "cuMemPoolImportPointer", 11020, 0, (CUdeviceptr *, CUmemoryPool, void *)) \
+    X(cuMemHostRegister_v2, "cuMemHostRegister", 6050, 0, (void *, size_t, unsigned))                  \
+    X(cuMemHostUnregister, "cuMemHostUnregister", 4000, 0, (void *))                                   \
+    X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, 0, (CUdeviceptr, const void *, size_t))                  \
+    X(cuMemcpyDtoH_v2, "cuMemcpyDtoH", 3020, 0, (void *, CUdeviceptr, size_t))
 
 #define API_FIELD(name, base, ver, flags, params) CUresult(*name) params;
 struct api {
