@@ -55,6 +55,10 @@ def check(layout: MigLayout, cfg: NodeConfig, status: dict[str, Any] | None) -> 
     who = users(status)
     for g in enabled:
         devs = layout.of(g.uuid)
+        if not devs and dp.mig_strategy == "dynamic":
+            found.append(("OK", f"GPU {g.index} {g.uuid}: MIG on, no instance: made per scheduled container "
+                          "(mig_strategy dynamic)", ""))  # fmt: skip
+            continue
         if not devs:
             found.append(("WARN", f"GPU {g.index} {g.uuid}: MIG mode on without MIG devices: nothing of it is usable",
                           "create instances (nvidia-smi mig -cgi <profiles> -C) or disable MIG"))  # fmt: skip
@@ -66,8 +70,8 @@ def check(layout: MigLayout, cfg: NodeConfig, status: dict[str, Any] | None) -> 
         found.append(("OK", f"GPU {g.index} {g.uuid}: MIG on: " + "; ".join(parts), ""))
     if dp.mig_strategy == "none":
         found.append(("WARN", f"{len(enabled)} GPU(s) in MIG mode but device_plugin.mig_strategy = none: each is "
-                      "offered whole and CUDA cannot use it", "set device_plugin.mig_strategy to single, mixed or "
-                      "vgpu (docs/operators/mig.md)"))  # fmt: skip
+                      "offered whole and CUDA cannot use it", "set device_plugin.mig_strategy to single, mixed, "
+                      "vgpu or dynamic (docs/operators/mig.md)"))  # fmt: skip
         return found
     slicing = Slicing(dp.device_split_count, dp.device_memory_scaling, dp.device_cores_scaling)
     try:
@@ -80,6 +84,10 @@ def check(layout: MigLayout, cfg: NodeConfig, status: dict[str, Any] | None) -> 
         return found
     offer = ", ".join(f"{n}: {c}" for n, c in dp_mig.offered(res).items())
     found.append(("OK", f"mig_strategy {dp.mig_strategy} offers {offer}", ""))
+    if dp.mig_strategy == "dynamic" and dp.device_split_count < 7:
+        found.append(("WARN", f"device_split_count {dp.device_split_count}: at most that many MIG instances per GPU "
+                      "under mig_strategy dynamic (a GPU holds up to 7)",
+                      "set device_split_count to 7 or more"))  # fmt: skip
     if dp.mig_strategy == "vgpu":
         found.append(("WARN", "compute shares are not enforced on MIG devices (NVML has no per-process "
                       "utilisation on MIG); their memory slices are", ""))  # fmt: skip

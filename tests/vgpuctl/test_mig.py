@@ -73,3 +73,6 @@ def test_doctor_reads_the_layout_and_judges_the_strategy(fakegpu) -> None:
     fakegpu.mig_destroy(0)
     empty = migcheck.check(discover(fakegpu.env), cfg("vgpu"), None)
     assert any(s == "WARN" and "without MIG devices" in m for s, m, _ in empty)
+    dynamic = migcheck.check(discover(fakegpu.env), cfg("dynamic"), None)
+    assert any(s == "OK" and "MIG on, no instance: made per scheduled container" in m for s, m, _ in dynamic)
+    assert any(s == "WARN" and "device_split_count 2" in m for s, m, _ in dynamic)  # the default split count
