@@ -15,7 +15,7 @@ from device_plugin.registration import valid_resource_name
 from nodecore.cli import Parser, finite_float
 from vgpu import __version__, nvml
 from vgpu.config import ConfigError, DevicePluginConfig, config_path_from_env, load_config
-from vgpu.log import setup_logging
+from vgpu.log import kv, setup_logging
 from vgpu.paths import Paths
 
 PROG = "vgpu-device-plugin"
@@ -40,6 +40,8 @@ _FIELD_HELP: dict[str, str] = {
     "cdi-annotations, cdi-cri",
     "cdi_kind": "CDI kind of the GPUs in cdi-annotations / cdi-cri names (default nvidia.com/gpu)",
     "cdi_annotation_prefix": "annotation key prefix of the cdi-annotations strategy (default cdi.k8s.io/)",
+    "mig_strategy": "GPUs in MIG mode: none (default), single, mixed (NVIDIA's --mig-strategy), vgpu "
+    "(each MIG device split into K vGPUs) or dynamic (a MIG instance made per scheduled container)",
 }
 
 
@@ -118,9 +120,33 @@ def main(argv: list[str] | None = None) -> int:
             "gpu %d %s %s memory=%d bus=%s numa=%s", g.index, g.uuid, g.name, g.memory_total, g.pci_bus_id, g.numa_node
         )
 
+    from device_plugin import mig
     from device_plugin.daemon import Daemon
+    from nodecore import mig as node_mig
+    from nodecore.devices import Slicing
 
-    daemon = Daemon(dp, Paths(cfg.common.state_dir), gpus)
+    try:
+        layout = node_mig.discover(gpus)
+        resources = mig.plan(
+            dp.mig_strategy,
+            layout,
+            resource_name=dp.resource_name,
+            socket_name=dp.socket_name,
+            slicing=Slicing(dp.device_split_count, dp.device_memory_scaling, dp.device_cores_scaling),
+        )
+    except mig.MigConfigError as e:  # NVIDIA's plugin does not start either
+        print(f"{PROG}: mig-strategy {dp.mig_strategy}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # NVMLError while reading the MIG devices
+        print(f"{PROG}: cannot read the MIG devices through NVML: {e}", file=sys.stderr)
+        return 1
+    for d in layout.devices:
+        log.info("mig device %s of gpu %d: %s gi=%d ci=%d memory=%d", d.uuid, d.parent.index, d.profile, d.gi, d.ci,
+                 d.memory)  # fmt: skip
+    for name, n in mig.offered(resources).items():
+        log.warning(kv("offering", resource=name, devices=n, mig_strategy=dp.mig_strategy))
+
+    daemon = Daemon(dp, Paths(cfg.common.state_dir), gpus, resources=resources)
 
     def _stop(signum: int, _frame: object) -> None:
         daemon.stop()

@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from device_plugin import checkpoint, decision, inventory, strategy, usage
+from device_plugin import checkpoint, decision, dynmig, inventory, strategy, usage
+from device_plugin.mig import Resource
 from device_plugin.registration import RegistrationError, register
 from device_plugin.server import PluginServer
 from device_plugin.watcher import SocketWatcher
@@ -82,19 +83,59 @@ class PluginPaths:
         return checkpoint.default_path(self.kubelet_dir)
 
 
+class ExtraResource:
+    """A further resource of the node's MIG strategy (device_plugin/mig.py, `mixed`:
+    `nvidia.com/mig-<profile>`): its devices whole, its own socket, server, registration, health
+    and allocation records; no inventory, usage or scheduler decisions (kube-scheduler counts it)."""
+
+    def __init__(self, res: Resource, cfg: DevicePluginConfig, state: Paths, nvml_health: bool) -> None:
+        self.res = res
+        self.where = PluginPaths(cfg.kubelet_dir, res.socket_name)
+        self.core = NodeCore(res.devices, res.slicing, state, health_recovery_s=cfg.health_recovery_s,
+                             nvml_health=nvml_health, plain_ids=res.plain_ids)  # fmt: skip
+        self.collector = records.RecordCollector(state, res.name, cfg.record_gc_grace_s)
+        self.server: PluginServer | None = None
+        self.registered = False
+        self.failed = False  # serving failed: said once, retried quietly
+
+
 class Daemon:
-    def __init__(self, cfg: DevicePluginConfig, state: Paths, gpus: Sequence[GPUInfo], *, nvml_health: bool = True):
+    def __init__(
+        self,
+        cfg: DevicePluginConfig,
+        state: Paths,
+        gpus: Sequence[GPUInfo],
+        *,
+        nvml_health: bool = True,
+        resources: Sequence[Resource] = (),
+    ):
         self.cfg = cfg
         self.paths = state
         self.where = PluginPaths(cfg.kubelet_dir, cfg.socket_name)
         self._inventory_dirty = threading.Event()
+        slicing = Slicing(cfg.device_split_count, cfg.device_memory_scaling, cfg.device_cores_scaling)
+        # The MIG strategy's resources (device_plugin/mig.py); without them, the GPUs under
+        # resource_name.  The primary one is served as before; others alongside it.
+        primary = next((r for r in resources if r.primary), None)
+        self.register_empty, plain_ids = True, False
+        if primary is not None:
+            gpus, slicing = list(primary.devices), primary.slicing
+            self.register_empty, plain_ids = primary.register_empty, primary.plain_ids
+        self.extras = [ExtraResource(r, cfg, state, nvml_health) for r in resources if not r.primary and r.devices]
+        # mig_strategy dynamic: the GPUs in MIG mode make an instance per scheduled container
+        self.dynmig = (
+            dynmig.DynamicMig(state, [g for g in gpus if g.uuid in primary.dynamic])
+            if primary is not None and primary.dynamic
+            else None
+        )
         self.core = NodeCore(
             gpus,
-            Slicing(cfg.device_split_count, cfg.device_memory_scaling, cfg.device_cores_scaling),
+            slicing,
             state,
             health_recovery_s=cfg.health_recovery_s,
             nvml_health=nvml_health,
             on_health_change=self._inventory_dirty.set,
+            plain_ids=plain_ids,
         )
         self.table = self.core.table
         self.health = self.core.health
@@ -105,6 +146,8 @@ class Daemon:
         # What the node handed out, published with the inventory (docs/developers/scheduler.md, "Usage"),
         # each slice named by the pod holding it from the kubelet's checkpoint.
         self.usage = usage.Tracker(state, cfg.resource_name, self.where.checkpoint)
+        if self.dynmig is not None:
+            self.usage.placed = self.dynmig.placed
         self.annotator = inventory.NodeAnnotator(
             self.table,
             cfg.resource_name,
@@ -114,7 +157,9 @@ class Daemon:
             # Tags of records written before a restart, from the pods' `allocated` lists (only
             # the decisions path writes those: with decisions off there is nothing to ask).
             on_client=(lambda api: usage.rebuild_from_api(self.usage, api, node)) if cfg.decisions != "off" else None,
+            mig=self.dynmig.inventory if self.dynmig is not None else None,
         )
+        self.reaper = dynmig.Reaper(self.dynmig, node) if self.dynmig is not None else None
         self.decisions = (
             decision.Decisions(self.table, node, cfg.decisions, cfg.allocation_policy)
             if cfg.decisions != "off"
@@ -151,12 +196,64 @@ class Daemon:
             "policy": self.cfg.allocation_policy,
             "decisions": self.decisions,
             "on_allocated": self._allocated,
+            "prepare": dynmig.preparer(self.dynmig) if self.dynmig is not None else None,
             "strategy": strategy.Strategy(
                 names=tuple(self.cfg.device_list_strategy),
                 cdi_kind=self.cfg.cdi_kind,
                 annotation_prefix=self.cfg.cdi_annotation_prefix,
             ),
         }
+
+    def _extra_args(self, x: ExtraResource) -> dict:
+        return {
+            "table": x.core.table,
+            "paths": self.paths,
+            "resource_name": x.res.name,
+            "policy": self.cfg.allocation_policy,
+            "strategy": strategy.Strategy(
+                names=tuple(self.cfg.device_list_strategy),
+                cdi_kind=self.cfg.cdi_kind,
+                annotation_prefix=self.cfg.cdi_annotation_prefix,
+            ),
+        }
+
+    def _serve_extra(self, x: ExtraResource) -> None:
+        x.registered = False
+        if x.server is not None:
+            x.server.stop()
+            x.server = None
+        server = PluginServer(self._extra_args(x), x.where.plugin_socket)
+        try:
+            server.start()
+            server.wait_ready()
+        except Exception as e:
+            (log.debug if x.failed else log.error)(kv("cannot serve", socket=x.where.plugin_socket, error=e))
+            x.failed = True
+            server.stop()
+            return
+        x.failed = False
+        x.server = server
+
+    def _register_extra(self, x: ExtraResource) -> None:
+        if x.server is None or not os.path.exists(self.where.kubelet_socket):
+            return
+        try:
+            register(self.where.kubelet_socket, x.res.socket_name, x.res.name)
+        except RegistrationError as e:
+            log.debug(kv("registration failed, will retry", resource=x.res.name, error=e))
+            return
+        x.registered = True
+        log.warning(kv("registered with kubelet", resource=x.res.name, endpoint=x.res.socket_name,
+                       devices=len(x.core.table.by_id)))  # fmt: skip
+
+    def _extras_tick(self, restart: bool, live: bool) -> None:
+        """Serve, register and watch the further resources with the primary one."""
+        for x in self.extras:
+            if restart or x.server is None or (live and not x.server.alive()):
+                self._serve_extra(x)
+                self._register_extra(x)
+            elif not x.registered:
+                self._register_extra(x)
 
     def _allocated(self, token: str, pod_uid: str, container: str) -> None:
         self.usage.note(token, pod_uid, container)
@@ -181,6 +278,10 @@ class Daemon:
 
     def _register(self) -> bool:
         if not os.path.exists(self.where.kubelet_socket):
+            return False
+        if not self.register_empty and not self.table.by_id:
+            # mixed without GPUs outside MIG mode: NVIDIA's plugin registers no resource without
+            # devices (rm.NewNVMLResourceManagers), and neither do we
             return False
         try:
             register(self.where.kubelet_socket, self.cfg.socket_name, self.cfg.resource_name)
@@ -211,6 +312,7 @@ class Daemon:
         log.warning(kv("restarting plugin server", reason=why))
         if self._serve():
             self._register()
+        self._extras_tick(restart=True, live=False)
 
     def run(self) -> int:
         records.ensure_dir(self.paths)
@@ -220,8 +322,11 @@ class Daemon:
         try:
             if self.health is not None:
                 self.health.start()
+            for x in self.extras:
+                x.core.start()
             housekeeping.start()
             notified = False
+            self._extras_tick(restart=True, live=False)
             if self._serve():
                 self._register()
                 notify_ready()
@@ -248,15 +353,25 @@ class Daemon:
                 if not notified and self.server is not None:
                     notify_ready()
                     notified = True
+                if now - last_try >= _REGISTER_RETRY_S and any(not x.registered for x in self.extras):
+                    last_try = now
+                    self._extras_tick(restart=False, live=False)
                 if now - last_live >= _LIVENESS_S:
                     last_live = now
                     if self.server is not None and not self.server.alive():
                         self.restart("plugin socket gone or server not answering")
+                    else:
+                        self._extras_tick(restart=False, live=True)
         finally:
             watcher.close()
             if self.server is not None:
                 self.server.stop()
                 self.server = None
+            for x in self.extras:
+                if x.server is not None:
+                    x.server.stop()
+                    x.server = None
+                x.core.stop()
             if self.health is not None:
                 self.health.stop()
             self.table.kick()
@@ -277,6 +392,11 @@ class Daemon:
             log.warning("kubelet device checkpoint readable again, collecting allocation records")
             self._checkpoint_warned = False
         deleted = self.collector.collect(replayable)
+        for x in self.extras:
+            try:
+                deleted += x.collector.collect(checkpoint.replayable_tokens(self.where.checkpoint, x.res.name))
+            except checkpoint.CheckpointUnusable:
+                pass
         if deleted:
             self._inventory_dirty.set()  # the usage annotation is due
         for tok in deleted:
@@ -298,6 +418,11 @@ class Daemon:
                 self._inventory_dirty.clear()
                 next_inv = now + self.cfg.inventory_heartbeat_s
                 self.annotator.publish()
+            try:
+                if self.reaper is not None and self.reaper.tick(now):
+                    self._inventory_dirty.set()  # instances destroyed: the inventory is due
+            except Exception:
+                log.exception("destroying the MIG instances of gone pods failed")
             if now >= next_gc:
                 next_gc = now + self.cfg.record_gc_interval_s
                 try:

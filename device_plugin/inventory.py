@@ -38,11 +38,16 @@ INVENTORY_VERSION = scheduling.INVENTORY_VERSION
 USAGE_INTERVAL_S = 1.0  # at most one usage-only PATCH per node this often
 
 
-def inventory(table: DeviceTable, resource_name: str, now: float) -> NodeInventory:
+def inventory(
+    table: DeviceTable, resource_name: str, now: float, mig: dict[str, scheduling.MigGPU] | None = None
+) -> NodeInventory:
+    """`mig`: the GPUs that make MIG instances per container (device_plugin/dynmig.py) and their
+    profiles and instances; with any, the inventory is version 3."""
     s = table.slicing
     gpus = []
     for st in table.gpus.values():
         g = st.info
+        m = (mig or {}).get(g.uuid)
         gpus.append(
             InventoryGPU(
                 uuid=g.uuid,
@@ -54,10 +59,11 @@ def inventory(table: DeviceTable, resource_name: str, now: float) -> NodeInvento
                 split_count=len(st.ids),
                 numa=-1 if g.numa_node is None else g.numa_node,
                 health=table.is_healthy(g.uuid),
+                **({"mig": m} if m is not None else {}),
             )
         )
     return NodeInventory(
-        version=INVENTORY_VERSION,
+        version=scheduling.INVENTORY_VERSION_MIG if mig else INVENTORY_VERSION,
         resource=resource_name,
         split_count=s.split_count,
         memory_scaling=s.memory_scaling,
@@ -107,7 +113,9 @@ class NodeAnnotator:
         usage: Callable[[float], NodeUsage] | None = None,
         usage_interval_s: float = USAGE_INTERVAL_S,
         on_client: Callable[[Any], None] | None = None,
+        mig: Callable[[], dict[str, scheduling.MigGPU]] | None = None,
     ) -> None:
+        self.mig = mig  # dynamic MIG: the GPUs' profiles and instances now (device_plugin/dynmig.py)
         self.table = table
         self.resource_name = resource_name
         self.node = node
@@ -143,7 +151,7 @@ class NodeAnnotator:
                 if self.on_client is not None:
                     self.on_client(self._api)
             now = time.time() if now is None else now
-            inv = inventory(self.table, self.resource_name, now)
+            inv = inventory(self.table, self.resource_name, now, self.mig() if self.mig is not None else None)
             last = self._last
             inv_due = last is None or not _same(last, inv) or now - last.heartbeat >= self.heartbeat_s
             used = self.usage(now) if self.usage is not None else None

@@ -15,7 +15,7 @@ from device_plugin import allocator, decision
 from device_plugin import strategy as device_strategy
 from device_plugin.api import deviceplugin_pb2 as pb
 from device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
-from device_plugin.decisionpolicy import DecisionError
+from device_plugin.decisionpolicy import Claim, DecisionError
 from nodecore import records
 from nodecore.cli import socket_identity
 from nodecore.devices import DeviceTable
@@ -51,7 +51,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         decisions: decision.Decisions | None = None,
         strategy: device_strategy.Strategy | None = None,
         on_allocated: Callable[[str, str, str], None] | None = None,
+        prepare: Callable[[Claim | None, allocator.Slice], allocator.Slice] | None = None,
     ) -> None:
+        # Makes what the slice needs before its record is written (dynamic MIG: the decided
+        # instance, device_plugin/dynmig.py) and returns the slice the container gets; raises
+        # DecisionError when it cannot.
+        self.prepare = prepare
         # Told of every record written: (token, pod UID, container) of the decision it honoured,
         # ("" when none): the node's published usage (device_plugin/usage.py).
         self.on_allocated = on_allocated
@@ -107,10 +112,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 claim = self.decisions.claim(ids) if self.decisions is not None else None
                 if claim is not None:
                     sl = claim.slice  # the decided GPUs, bytes and percent instead of n x 1/K
+                if self.prepare is not None:
+                    sl = self.prepare(claim, sl)
             except allocator.AllocationError as e:
                 log.warning(kv("allocate refused", devices=",".join(d[:80] for d in ids[:16]), reason=e))
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             except DecisionError as e:
+                if claim is not None and self.decisions is not None:
+                    self.decisions.release(claim)  # not served: the kubelet's retry asks again
+                log.warning(kv("allocate refused", devices=",".join(d[:80] for d in ids[:16]), reason=e))
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
             except decision.ApiUnavailable as e:
                 log.error(kv("allocate refused", reason=e))

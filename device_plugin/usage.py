@@ -30,12 +30,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
 
 from device_plugin import checkpoint
+from device_plugin.dynmig import Placed
 from nodecore import records
 from vgpu import scheduling as sc
 from vgpu.log import kv
@@ -49,10 +50,14 @@ def _shape(gpus: Iterable[tuple[str, int, int]]) -> tuple[tuple[str, int, int], 
     return tuple(sorted(gpus))
 
 
-def slices(recs: list[AllocationRecord], tags: dict[str, tuple[str, str]]) -> list[sc.UsedSlice]:
+def slices(
+    recs: list[AllocationRecord], tags: dict[str, tuple[str, str]], placed: Mapping[str, Placed] | None = None
+) -> list[sc.UsedSlice]:
     """One slice per vGPU slot and record holding it (see the module's docstring), tagged from
     `tags` (token -> (pod UID, container)); pure. A GPU entry holding k slots (n x 1/K without a
-    decision) is k slices that share its memory and compute; one without vGPU IDs counts once."""
+    decision) is k slices that share its memory and compute; one without vGPU IDs counts once.
+    An entry naming a MIG device made for its container (`placed`: MIG UUID -> instance, dynamic
+    MIG) is a slice of the GPU in MIG mode holding that instance's memory slices."""
     ordered = sorted(recs, key=lambda r: (r.created, r.token))
     owner: dict[str, str] = {}  # vGPU ID -> pod UID of its newest record ("" when unnamed)
     newest: dict[str, str] = {}  # vGPU ID -> token of its newest record
@@ -72,6 +77,11 @@ def slices(recs: list[AllocationRecord], tags: dict[str, tuple[str, str]]) -> li
                     if newest.get(vid) != r.token and (not pod or owner.get(vid) != pod):
                         continue
                 mem = g.memory_limit // k + (g.memory_limit % k if i == 0 else 0)
+                made = placed.get(g.uuid) if placed else None
+                if made is not None:
+                    out.append(sc.UsedSlice(gpu=made.parent, memory=mem, cores=made.cores, pod=pod,
+                                            container=container, mig=made.assignment))  # fmt: skip
+                    continue
                 cores = g.core_percent // k + (g.core_percent % k if i == 0 else 0)
                 out.append(sc.UsedSlice(gpu=g.uuid, memory=mem, cores=cores, pod=pod, container=container))
     return out
@@ -92,6 +102,7 @@ class Tracker:
         self._tags: dict[str, tuple[str, str]] = {}  # from Allocate (decisions) and the API (rebuild)
         self._held: dict[str, tuple[str, str]] = {}  # from the kubelet's checkpoint
         self._sig: tuple[int, int, int] | None = None
+        self.placed: Callable[[], dict[str, Placed]] | None = None  # dynamic MIG's instances
 
     def note(self, token: str, pod_uid: str = "", container: str = "") -> None:
         """A record was written (Allocate); `pod_uid`/`container`: the decision it honoured."""
@@ -137,7 +148,8 @@ class Tracker:
             for tok in [t for t in self._tags if t not in live]:
                 del self._tags[tok]
             tags = self._tags | self._held
-        return sc.NodeUsage(time=time.time() if now is None else now, slices=slices(recs, tags))
+        placed = self.placed() if self.placed is not None else None
+        return sc.NodeUsage(time=time.time() if now is None else now, slices=slices(recs, tags, placed))
 
     def rebuild(self, pods: list[Any]) -> int:
         """Name the records neither Allocate nor the checkpoint named (after a restart, with a

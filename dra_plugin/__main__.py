@@ -89,9 +89,12 @@ def _field_to_option(msg: str) -> str:
 
 
 def _gpus() -> list[GPUInfo]:
-    """The GPUs; NVML stays initialised (the health monitor waits on its XID events)."""
+    """The devices: the GPUs, a GPU in MIG mode as its MIG devices (static MIG: the instances the
+    admin made; nodecore/mig.py); NVML stays initialised (the health monitor waits on its XID events)."""
+    from nodecore import mig
+
     nvml.init()
-    return nvml.inventory()
+    return mig.discover(nvml.inventory()).devices_as_gpus()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,9 +71,12 @@ def device_id(claim_uid: str) -> str:
     return f"{KIND}={claim_uid}"
 
 
-def nvidia_device_id(kind: str, naming: str, uuid: str, index: int) -> str:
-    """The GPU in the node's NVIDIA CDI spec (nvidia-ctk names devices by index and by UUID)."""
-    return f"{kind}={uuid if naming == 'uuid' else index}"
+def nvidia_device_id(kind: str, naming: str, uuid: str, index: int, mig_index: int | None = None) -> str:
+    """The GPU in the node's NVIDIA CDI spec (nvidia-ctk names devices by index and by UUID; a MIG
+    device by `<gpu index>:<mig index>` and its MIG UUID, tests/data/nvidia-ctk-mig/)."""
+    if naming == "uuid":
+        return f"{kind}={uuid}"
+    return f"{kind}={index}" if mig_index is None else f"{kind}={index}:{mig_index}"
 
 
 def spec_file_name(claim_uid: str) -> str:

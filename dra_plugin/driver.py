@@ -396,7 +396,9 @@ class Driver:
         devices = []
         for s in shares:
             g = self.gpus[s.uuid]
-            gpu_id = cdi.nvidia_device_id(self.cfg.nvidia_cdi_kind, self.cfg.nvidia_cdi_device, g.uuid, g.index)
+            gpu_id = cdi.nvidia_device_id(
+                self.cfg.nvidia_cdi_kind, self.cfg.nvidia_cdi_device, g.uuid, g.index, g.mig_index
+            )
             devices.append(
                 ckpt.PreparedDevice(
                     request_names=claims.request_names([s]),

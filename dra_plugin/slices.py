@@ -7,7 +7,9 @@ resourceslice/resourceslicecontroller.go syncPool): one pool per node, named aft
 128 devices per slice (ResourceSliceMaxDevices).
 
 Each GPU is one device `gpu-<index>` with `allowMultipleAllocations: true` (DRAConsumableCapacity)
-and two capacities, each with a requestPolicy (types.go CapacityRequestPolicy):
+and two capacities, each with a requestPolicy (types.go CapacityRequestPolicy); a GPU in MIG mode
+is not a device, each of its MIG devices is, `gpu-<index>-mig-<gi>-<ci>` with `type: mig`, its
+`profile` (`1g.18gb`), `parentUUID` and `parentIndex` (static MIG: instances made by the admin):
 
 - `memory`: floor(S x M) bytes; default the 1/K share rounded down to the step grid;
   validRange{min, step, max = the capacity rounded down to the grid}.
@@ -86,6 +88,9 @@ def cores_policy(cfg: Settings) -> Policy:
 
 
 def device_name(gpu: GPUInfo) -> str:
+    """`gpu-<index>`; a MIG device (nodecore/mig.py) `gpu-<index>-mig-<gi>-<ci>`."""
+    if gpu.is_mig:
+        return f"gpu-{gpu.index}-mig-{gpu.mig_gi}-{gpu.mig_ci}"
     return f"gpu-{gpu.index}"
 
 
@@ -107,11 +112,19 @@ def _string(value: str) -> dict[str, str]:
 
 def attributes(gpu: GPUInfo) -> dict[str, Any]:
     attrs: dict[str, Any] = {
-        "type": _string("gpu"),
+        "type": _string("mig" if gpu.is_mig else "gpu"),
         "uuid": _string(gpu.uuid),
         "productName": _string(gpu.name),
         "index": {"int": gpu.index},
     }
+    if gpu.is_mig:
+        # NVIDIA's DRA driver's names for a MIG device: its profile and its GPU; a claim picks a
+        # profile by CEL: device.attributes["<driver>"].profile == "1g.18gb"
+        attrs["profile"] = _string(gpu.mig_profile or "")
+        attrs["parentUUID"] = _string(gpu.parent_uuid or "")
+        attrs["parentIndex"] = {"int": gpu.index}
+        if gpu.mig_index is not None:
+            attrs["index"] = {"int": gpu.mig_index}
     if gpu.numa_node is not None:
         attrs["numaNode"] = {"int": gpu.numa_node}
     if gpu.pci_bus_id:

@@ -4,9 +4,12 @@ A custom collector turns the monitor's latest snapshot (rebuilt every second
 by the main loop, replaced atomically) into metric families, so a scrape never
 touches live monitor state.  Names:
 
-per GPU (labels gpu, uuid):
+per GPU (labels gpu, uuid; a MIG device is a GPU of its own here: uuid its `MIG-...` UUID,
+gpu its GPU's index):
   vgpu_gpu_up, vgpu_gpu_memory_total_bytes, vgpu_gpu_memory_used_bytes,
   vgpu_gpu_utilization_percent
+per MIG device (labels gpu, uuid, parent_uuid):
+  vgpu_mig_device_info (1), vgpu_mig_compute_shares_enforced (0: NVML has no per-process use on MIG)
 per container and GPU (labels container_id, namespace, pod, container, claim, gpu, uuid), for every
 GPU the container is allocated on (used 0 while it has no process there) or has a process on:
   vgpu_container_memory_used_bytes, vgpu_container_memory_limit_bytes,
@@ -76,8 +79,16 @@ class SnapshotCollector:
         csu = GaugeMetricFamily("vgpu_container_sm_use_percent", "SM use over the window", labels=cl)
         css = GaugeMetricFamily("vgpu_container_sm_share_percent", "the container's compute share", labels=cl)
         cdr = GaugeMetricFamily("vgpu_container_duty_ratio", "fraction of each cycle the container runs", labels=cl)
+        ml = ["gpu", "uuid", "parent_uuid"]
+        mi = GaugeMetricFamily("vgpu_mig_device_info", "a MIG device and its GPU", labels=ml)
+        me = GaugeMetricFamily(
+            "vgpu_mig_compute_shares_enforced", "1 when compute shares are enforced on the MIG device", labels=ml
+        )
         for g in snap["gpus"]:
             lv = [str(g["index"]), g["uuid"]]
+            if g.get("parent"):
+                mi.add_metric([*lv, g["parent"]], 1.0)
+                me.add_metric([*lv, g["parent"]], 1.0 if g.get("compute_enforced", True) else 0.0)
             up.add_metric(lv, 1.0 if g["up"] else 0.0)
             mt.add_metric(lv, g["memory_total"])
             mu.add_metric(lv, g["memory_used"])
@@ -96,7 +107,7 @@ class SnapshotCollector:
                 if r["share"] is not None:
                     css.add_metric(v, r["share"])
                 cdr.add_metric(v, r["duty"])
-        yield from (up, mt, mu, ut, cmu, cml, cmd, cmh, csu, css, cdr)
+        yield from (up, mt, mu, ut, cmu, cml, cmd, cmh, csu, css, cdr, mi, me)
 
         sus = GaugeMetricFamily("vgpu_container_suspended", "1 while the container is suspended", labels=CLABELS)
         sec = CounterMetricFamily(

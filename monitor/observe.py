@@ -10,6 +10,12 @@ NVML facts this relies on (see docs/developers/monitor.md):
   about its clock), NVML_ERROR_NOT_FOUND meaning "no newer samples".  Rows are
   kept only if the pid has a context, every utilisation is <= 100 and the
   timestamp is newer than lastSeen (garbage rows were seen in the field).
+- MIG devices (a GPU in MIG mode, nodecore/mig.py) are observed as devices of their own, by
+  their MIG UUID (the limits' key), re-enumerated every MIG_REFRESH_S: their memory and
+  processes come from their MIG handles; NVML has no per-process utilisation on MIG ("On
+  MIG-enabled GPUs, querying process utilization is not currently supported", nvml.h: NOT_SUPPORTED),
+  so `compute_enforced` is False for them and the compute shares of containers on them are not
+  enforced (said once in the log; docs/operators/mig.md).
 - Any other error (GPU_IS_LOST included) marks that GPU down for the loop;
   the others carry on.  Errors meaning the library or driver went away
   (UNINITIALIZED, UNKNOWN, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH), or
@@ -30,6 +36,7 @@ from vgpu.log import kv
 log = logging.getLogger("vgpu.monitor.observe")
 
 UTIL_BUFFER = 1024
+MIG_REFRESH_S = 2.0
 DEVICE_INFO_INTERVAL_S = 1.0
 PROCESS_LIST_INTERVAL_S = 0.5
 
@@ -53,6 +60,8 @@ class GpuObs:
     util: int = 0
     procs: dict[int, int] = field(default_factory=dict)  # host pid -> used bytes
     samples: list[UtilSample] = field(default_factory=list)
+    parent: str = ""  # a MIG device: its GPU's UUID
+    compute_enforced: bool = True  # NVML samples per-process use here (not on MIG)
 
 
 def _pynvml() -> Any:
@@ -81,6 +90,10 @@ class NvmlSource:
         self.device_read_at: dict[str, float] = {}
         self.proc_cache: dict[str, tuple[float, dict[int, int]]] = {}
         self.known: dict[str, GpuObs] = {}  # last good view per uuid (for reporting while down)
+        self.mig_handles: list[tuple[int, str, str, Any]] = []  # MIG devices, as handles
+        self.mig_parent: dict[str, str] = {}
+        self.mig_at = -MIG_REFRESH_S
+        self.no_util: set[str] = set()  # devices whose process utilisation is NOT_SUPPORTED
         self.reinits = 0
         self.errors = 0
         self._fn_util: Any = None
@@ -128,6 +141,7 @@ class NvmlSource:
             self._fail(f"init: {e}")
             return False
         self.handles = handles
+        self.mig_at = -MIG_REFRESH_S
         self.ready = True
         self.backoff = self.backoff_min
         if self.reinits:
@@ -172,8 +186,10 @@ class NvmlSource:
             ]
         out: list[GpuObs] = []
         global_fail = ""
-        for index, uuid, name, h in self.handles:
-            obs = GpuObs(index=index, uuid=uuid, name=name)
+        if self.clock() - self.mig_at >= MIG_REFRESH_S:
+            self._refresh_migs()
+        for index, uuid, name, h in self.handles + self.mig_handles:
+            obs = GpuObs(index=index, uuid=uuid, name=name, parent=self.mig_parent.get(uuid, ""))
             try:
                 self._read(h, obs)
             except self.nv.NVMLError as e:
@@ -195,6 +211,29 @@ class NvmlSource:
                 o.up = False
                 o.error = o.error or global_fail
         return out
+
+    def _refresh_migs(self) -> None:
+        """The MIG devices of the GPUs in MIG mode (their instances come and go)."""
+        nv = self.nv
+        self.mig_at = self.clock()
+        found: list[tuple[int, str, str, Any]] = []
+        for index, uuid, _name, h in self.handles:
+            try:
+                if int(nv.nvmlDeviceGetMigMode(h)[0]) != 1:
+                    continue
+                count = int(nv.nvmlDeviceGetMaxMigDeviceCount(h))
+            except nv.NVMLError:  # not MIG-capable, or an old library
+                continue
+            for j in range(count):
+                try:
+                    m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+                    mu = _text(nv.nvmlDeviceGetUUID(m))
+                    mn = _text(nv.nvmlDeviceGetName(m))
+                except nv.NVMLError:
+                    continue
+                found.append((index, mu, mn, m))
+                self.mig_parent[mu] = uuid
+        self.mig_handles = found
 
     def _read(self, h: Any, obs: GpuObs) -> None:
         nv = self.nv
@@ -223,6 +262,7 @@ class NvmlSource:
                     procs[pid] = procs.get(pid, 0) + (used if used < 1 << 63 else 0)
             cached = self.proc_cache[obs.uuid] = (now, procs)
         obs.procs = dict(cached[1])
+        obs.compute_enforced = obs.uuid not in self.no_util
         # keep a sample only if its pid has a context (garbage rows were seen in the field)
         obs.samples = [s for s in raw if s.pid in obs.procs]
         if obs.samples:
@@ -266,6 +306,11 @@ class NvmlSource:
             if ret == nv.NVML_ERROR_NOT_FOUND:
                 return []
             if ret == nv.NVML_ERROR_NOT_SUPPORTED:
+                if uuid not in self.no_util:
+                    self.no_util.add(uuid)
+                    log.warning(kv("compute shares not enforced: NVML has no per-process utilisation here "
+                                   "(MIG: nvml.h 'querying process utilization is not currently supported')",
+                                   gpu=uuid))  # fmt: skip
                 return []
             if ret == nv.NVML_ERROR_INSUFFICIENT_SIZE and n < 16 * UTIL_BUFFER:
                 n *= 4

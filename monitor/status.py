@@ -141,6 +141,8 @@ def _gpu_row(mon: Monitor, g: GpuState) -> dict[str, Any]:
         "memory_total": o.memory_total if o else 0,
         "memory_used": o.memory_used if o and g.up else 0,
         "util": o.util if o and g.up else 0,
+        "parent": o.parent if o else "",
+        "compute_enforced": o.compute_enforced if o else True,
         "containers": rows,
         "allocated": allocated,
     }

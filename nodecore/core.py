@@ -43,9 +43,10 @@ class NodeCore:
         health_recovery_s: float,
         nvml_health: bool = True,
         on_health_change: Callable[[], None] | None = None,
+        plain_ids: bool = False,
     ) -> None:
         self.paths = paths
-        self.table = DeviceTable(gpus, slicing)
+        self.table = DeviceTable(gpus, slicing, plain_ids=plain_ids)
         self.health = HealthMonitor(self.table, health_recovery_s, on_change=on_health_change) if nvml_health else None
 
     @property

@@ -97,14 +97,18 @@ class DeviceTable:
     `wait_change(version)` and send a new list when it moves.
     """
 
-    def __init__(self, gpus: Iterable[GPUInfo], slicing: Slicing) -> None:
+    def __init__(self, gpus: Iterable[GPUInfo], slicing: Slicing, *, plain_ids: bool = False) -> None:
+        """plain_ids: with split count 1 a device's ID is its UUID, as NVIDIA's plugin names a
+        device it offers whole (the MIG strategies single and mixed, device_plugin/mig.py)."""
         self.slicing = slicing
         self._cond = threading.Condition()
         self._version = 0
         self.gpus: dict[str, GPUState] = {}
         self.by_id: dict[str, str] = {}
+        plain = plain_ids and slicing.split_count == 1
         for g in gpus:
-            st = GPUState(info=g, ids=[vgpu_id(g.uuid, i) for i in range(slicing.split_count)])
+            ids = [g.uuid] if plain else [vgpu_id(g.uuid, i) for i in range(slicing.split_count)]
+            st = GPUState(info=g, ids=ids)
             self.gpus[g.uuid] = st
             for vid in st.ids:
                 self.by_id[vid] = g.uuid

@@ -6,6 +6,12 @@
 - A GPU that NVML reports lost is Unhealthy (checked every `check_interval_s`).
 - Unlike NVIDIA's plugin, a GPU with no bad event for `recovery_s` (and not
   lost) returns to Healthy.
+- MIG devices (nodecore/mig.py) are watched through their GPU, where NVML reports their events
+  ("This API does not currently support per-instance event reporting using MIG device
+  handles", nvml.h): an XID attributed to a GPU instance and compute instance marks that MIG
+  device; one of the whole GPU (IDs 0xFFFFFFFF) every device of the GPU, as NVIDIA's plugin
+  (internal/rm/health.go; it keeps one device per parent, so there only the last MIG device of a
+  GPU is marked: here all are).  A MIG device NVML no longer finds (its instance destroyed) is lost.
 """
 
 from __future__ import annotations
@@ -55,8 +61,25 @@ class HealthMonitor:
             except Exception:  # a callback must not kill the health thread
                 log.exception("health change callback failed")
 
-    def bad(self, uuid: str | None, reason: str) -> None:
-        targets = [uuid] if uuid is not None and uuid in self.table.gpus else list(self.table.gpus)
+    def targets(self, ev_uuid: str | None, gi: int | None = None, ci: int | None = None) -> list[str]:
+        """The devices an event of GPU `ev_uuid` (MIG instance gi/ci, or the whole GPU) concerns;
+        every device when the GPU is unknown (NVIDIA's plugin: "Marking all devices as unhealthy")."""
+        if ev_uuid is None:
+            return list(self.table.gpus)
+        known = False
+        out = []
+        for u, st in self.table.gpus.items():
+            info = st.info
+            if info.root_uuid != ev_uuid:
+                continue
+            known = True
+            if info.is_mig and gi is not None and ci is not None and (info.mig_gi, info.mig_ci) != (gi, ci):
+                continue
+            out.append(u)
+        return out if known else list(self.table.gpus)
+
+    def bad(self, uuid: str | None, reason: str, gi: int | None = None, ci: int | None = None) -> None:
+        targets = self.targets(uuid, gi, ci)
         changed = False
         for u in targets:
             if self.table.mark_unhealthy(u, reason):
@@ -69,10 +92,11 @@ class HealthMonitor:
         if ev.xid in nvml.APPLICATION_XIDS:
             log.info(kv("application xid ignored", gpu=ev.uuid, xid=ev.xid))
             return
-        self.bad(ev.uuid, f"xid {ev.xid}")
+        where = f" gi {ev.gi} ci {ev.ci}" if ev.gi is not None else ""
+        self.bad(ev.uuid, f"xid {ev.xid}{where}", ev.gi, ev.ci)
 
     def _events_loop(self) -> None:
-        uuids = list(self.table.gpus)
+        uuids = list(dict.fromkeys(st.info.root_uuid for st in self.table.gpus.values()))
         if not uuids:
             return
         try:

@@ -1,6 +1,10 @@
 """A model of kube-scheduler's consumable-capacity arithmetic (DRAConsumableCapacity, v1.36), for
 making the `status.allocation` of test ResourceClaims the way kube-scheduler would. NOT the
-scheduler: it places one request at a time, first fit, and knows no CEL, constraints or taints.
+scheduler: it places one request at a time, first fit, and knows no constraints or taints.  A
+request's CEL selectors are evaluated by cel-python against the device as the scheduler's CEL
+environment presents it (staging/src/k8s.io/dynamic-resource-allocation/cel/compile.go:
+`device.driver`, `device.attributes[<domain>].<name>`, `device.capacity[<domain>].<name>`;
+version attributes as strings and capacities as quantity strings here, which the real one types).
 
 Written from staging/src/k8s.io/dynamic-resource-allocation/structured/internal/incubating/
 consumable_capacity.go: `consumed` is calculateConsumedCapacity (fillEmptyRequest, roundUpRange,
@@ -82,6 +86,36 @@ class Device:
     name: str
     capacity: dict[str, Any]
     used: dict[str, Any] = field(default_factory=dict)  # capacity name -> Fraction consumed so far
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+def _attr_value(v: dict[str, Any]) -> Any:
+    for k in ("string", "int", "bool", "version"):
+        if k in v:
+            return v[k]
+    return None
+
+
+def selected(dev: Device, driver: str, selectors: list[str]) -> bool:
+    """Every CEL selector is true for the device (compile.go's `device` variable)."""
+    if not selectors:
+        return True
+    import celpy  # cel-python (dev dependency)
+
+    domain = driver
+    obj = {
+        "driver": driver,
+        "attributes": {domain: {k: _attr_value(v) for k, v in dev.attributes.items()}},
+        "capacity": {domain: {k: v.get("value") for k, v in dev.capacity.items()}},
+    }
+    env = celpy.Environment()
+    for expr in selectors:
+        out = env.program(env.compile(expr)).evaluate({"device": celpy.json_to_cel(obj)})
+        if isinstance(out, celpy.CELEvalError):
+            raise ValueError(f"CEL {expr!r}: {out}")
+        if not bool(out):
+            return False
+    return True
 
 
 class NoFit(Exception):
@@ -113,11 +147,22 @@ class Allocator:
             self.driver = s["spec"]["driver"]
             for d in s["spec"].get("devices") or []:
                 if d.get("allowMultipleAllocations"):
-                    self.devices.append(Device(s["spec"]["pool"]["name"], d["name"], d.get("capacity") or {}))
+                    self.devices.append(
+                        Device(
+                            s["spec"]["pool"]["name"],
+                            d["name"],
+                            d.get("capacity") or {},
+                            attributes=d.get("attributes") or {},
+                        )
+                    )
 
-    def allocate(self, request: str, capacity_requests: dict[str, str]) -> dict[str, Any]:
-        """One DeviceRequestAllocationResult (JSON), or NoFit."""
+    def allocate(
+        self, request: str, capacity_requests: dict[str, str], selectors: list[str] | None = None
+    ) -> dict[str, Any]:
+        """One DeviceRequestAllocationResult (JSON), or NoFit; `selectors`: the request's CEL."""
         for dev in self.devices:
+            if not selected(dev, self.driver, selectors or []):
+                continue
             got = fits(dev, capacity_requests)
             if got is None:
                 continue

@@ -63,6 +63,10 @@ class DevicePluginConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
         "nvidia.com/gpu"
     )
     cdi_annotation_prefix: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9.-]*/$")] = "cdi.k8s.io/"
+    # GPUs in MIG mode (device_plugin/mig.py, docs/operators/mig.md): NVIDIA's --mig-strategy none,
+    # single, mixed, vgpu (each MIG device split into K vGPUs like a GPU) or dynamic (an instance
+    # made per container the scheduler placed, device_plugin/dynmig.py).
+    mig_strategy: Literal["none", "single", "mixed", "vgpu", "dynamic"] = "none"
 
 
 class MonitorConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -100,6 +100,22 @@ class GPUInfo:
     cc_minor: int | None = None
     driver_version: str | None = None  # NVML's text, e.g. "580.65.06"
     cuda_driver_version: int | None = None  # NVML's number, e.g. 12080
+    # A MIG device (nodecore/mig.py): uuid is its `MIG-...` UUID, index its GPU's NVML index,
+    # memory_total its GPU instance's memory; these name the GPU and the instance.
+    parent_uuid: str | None = None
+    mig_gi: int | None = None
+    mig_ci: int | None = None
+    mig_profile: str | None = None  # e.g. "3g.71gb" (go-nvlib's name)
+    mig_index: int | None = None  # nvmlDeviceGetMigDeviceHandleByIndex's index under its GPU
+
+    @property
+    def is_mig(self) -> bool:
+        return self.parent_uuid is not None
+
+    @property
+    def root_uuid(self) -> str:
+        """The physical GPU's UUID (a MIG device's parent)."""
+        return self.parent_uuid or self.uuid
 
 
 def sysfs_root() -> str:
@@ -200,10 +216,18 @@ def device_lost(uuid: str) -> bool:
     return False
 
 
+NO_INSTANCE = 0xFFFFFFFF
+
+
 @dataclass(frozen=True)
 class XidEvent:
     uuid: str | None
     xid: int
+    # nvmlEventData_t: the MIG instance the XID is attributed to, None when the whole GPU
+    # (0xFFFFFFFF); events come on the GPU's handle ("This API does not currently support
+    # per-instance event reporting using MIG device handles", nvml.h).
+    gi: int | None = None
+    ci: int | None = None
 
 
 class EventsUnsupported(RuntimeError):
@@ -250,7 +274,14 @@ class XidWatcher:
             uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
         except pynvml.NVMLError:
             uuid = None
-        return XidEvent(uuid=uuid, xid=int(data.eventData))
+        gi = int(getattr(data, "gpuInstanceId", NO_INSTANCE))
+        ci = int(getattr(data, "computeInstanceId", NO_INSTANCE))
+        return XidEvent(
+            uuid=uuid,
+            xid=int(data.eventData),
+            gi=None if gi == NO_INSTANCE else gi,
+            ci=None if ci == NO_INSTANCE else ci,
+        )
 
     def close(self) -> None:
         if self._set is not None:

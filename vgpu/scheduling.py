@@ -43,6 +43,11 @@ NODE_LEVEL_RESOURCES = (RESOURCE_NODE_MEM, RESOURCE_NODE_CORES)
 # Node annotation (device plugin → scheduler).
 INVENTORY_ANNOTATION = "vgpu.k8s.io/node-inventory"
 INVENTORY_VERSION = 2
+# Version 3 is version 2 with GPUs that create MIG instances on demand (`InventoryGPU.mig`); the
+# plugin writes 3 only then, so a scheduler that knows only 2 offers none of such a node's GPUs
+# rather than vGPU slices of a GPU in MIG mode (which CUDA cannot use whole).
+INVENTORY_VERSION_MIG = 3
+INVENTORY_VERSIONS = (INVENTORY_VERSION, INVENTORY_VERSION_MIG)
 DEFAULT_HEARTBEAT_S = 30.0  # the plugin refreshes `heartbeat` this often
 DEFAULT_STALE_AFTER_S = 120.0  # the scheduler offers no GPUs of a node whose heartbeat is older
 
@@ -69,6 +74,9 @@ NOUSE_GPUTYPE_ANNOTATION = "vgpu.k8s.io/nouse-gputype"
 USE_GPUUUID_ANNOTATION = "vgpu.k8s.io/use-gpuuuid"
 NOUSE_GPUUUID_ANNOTATION = "vgpu.k8s.io/nouse-gpuuuid"
 NUMA_BIND_ANNOTATION = "vgpu.k8s.io/numa-bind"
+# "true": the pod's containers get a MIG instance each, created for them (dynamic MIG,
+# docs/operators/mig.md); only GPUs that create instances on demand take the pod.
+MIG_ANNOTATION = "vgpu.k8s.io/mig"
 ANNOTATION_ALIASES: dict[str, tuple[str, ...]] = {
     NODE_POLICY_ANNOTATION: ("hami.io/node-scheduler-policy",),
     GPU_POLICY_ANNOTATION: ("hami.io/gpu-scheduler-policy",),
@@ -82,9 +90,45 @@ POLICY_BINPACK = "binpack"
 POLICY_SPREAD = "spread"
 POLICIES = (POLICY_BINPACK, POLICY_SPREAD)
 
+MIG_MEMORY_SLICES = 8  # "one eighth of the total GPU memory resources" (MIG user guide, "Terminology")
 Bytes = Annotated[int, msgspec.Meta(ge=0)]
 Percent = Annotated[int, msgspec.Meta(ge=0, le=10_000)]
 Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=95, pattern=r"^[A-Za-z0-9-]+$")]
+
+
+class MigProfile(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A GPU instance profile of a GPU in MIG mode (NVML nvmlGpuInstanceProfileInfo_t and
+    nvmlDeviceGetGpuInstancePossiblePlacements_v2): its name as go-nvlib writes it (`1g.35gb`),
+    NVML's profile ID, the instance's memory, its compute slices (the `1g`), the memory slices it
+    takes, every start it may be placed at, and the starts free now."""
+
+    name: str
+    id: Annotated[int, msgspec.Meta(ge=0)]
+    memory: Bytes
+    slices: Annotated[int, msgspec.Meta(ge=1)]
+    memory_slices: Annotated[int, msgspec.Meta(ge=1, le=MIG_MEMORY_SLICES)]
+    placements: tuple[Annotated[int, msgspec.Meta(ge=0, lt=MIG_MEMORY_SLICES)], ...]
+    free: tuple[int, ...] = ()
+
+
+class MigInstance(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A GPU instance that exists (any: created for a pod or by the administrator): its profile,
+    placement (memory slices start..start+size-1), the UUID of its MIG device ("" without a compute
+    instance) and the UID of the pod it was created for ("" when none: not ours)."""
+
+    profile: str
+    start: Annotated[int, msgspec.Meta(ge=0, lt=MIG_MEMORY_SLICES)]
+    size: Annotated[int, msgspec.Meta(ge=1, le=MIG_MEMORY_SLICES)]
+    uuid: str = ""
+    pod: str = ""
+
+
+class MigGPU(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A GPU in MIG mode whose instances the node creates on demand: its profiles and instances."""
+
+    profiles: tuple[MigProfile, ...] = ()
+    instances: tuple[MigInstance, ...] = ()
+    compute_slices: int = 7  # the GPU's compute slices ("one seventh of the SMs", MIG user guide)
 
 
 class InventoryGPU(msgspec.Struct, kw_only=True):
@@ -99,6 +143,9 @@ class InventoryGPU(msgspec.Struct, kw_only=True):
     split_count: Annotated[int, msgspec.Meta(ge=1)]  # vGPU slots (containers) this GPU takes
     numa: int = -1  # -1: unknown
     health: bool = True
+    # A GPU in MIG mode whose instances are created per container (inventory version 3): each
+    # vGPU slot is then at most one instance; absent on every other GPU.
+    mig: MigGPU | msgspec.UnsetType = msgspec.UNSET
 
 
 class NodeInventory(msgspec.Struct, kw_only=True):
@@ -115,12 +162,27 @@ class NodeInventory(msgspec.Struct, kw_only=True):
 
 # Decisions are trees of scalars (no reference cycles possible): gc=False keeps thousands of them
 # out of the cyclic GC's full collections in the scheduler.
+class MigAssignment(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, gc=False):
+    """A MIG instance to create for a container on the GPU it is given (dynamic MIG): the GPU
+    instance profile (name, NVML ID), its placement in memory slices and its compute slices."""
+
+    profile: str
+    id: Annotated[int, msgspec.Meta(ge=0)]
+    start: Annotated[int, msgspec.Meta(ge=0, lt=MIG_MEMORY_SLICES)]
+    size: Annotated[int, msgspec.Meta(ge=1, le=MIG_MEMORY_SLICES)]
+    slices: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+
 class GPUAssignment(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=False):
-    """One GPU given to a container: its UUID, the memory limit in bytes and the compute share in percent."""
+    """One GPU given to a container: its UUID, the memory limit in bytes and the compute share in
+    percent; with `mig`, the container gets that instance of the GPU, created for it (the memory
+    and compute are then the instance's). A device plugin that does not know `mig` refuses the
+    decision (unknown field) rather than giving the container the GPU itself."""
 
     uuid: Uuid
     memory: Bytes
     cores: Percent
+    mig: MigAssignment | msgspec.UnsetType = msgspec.UNSET
 
 
 class ContainerDecision(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=False):
@@ -148,6 +210,7 @@ class UsedSlice(msgspec.Struct, kw_only=True, gc=False):
     cores: Percent
     pod: str = ""
     container: str = ""
+    mig: MigAssignment | msgspec.UnsetType = msgspec.UNSET  # the instance created for it (dynamic MIG)
 
 
 class NodeUsage(msgspec.Struct, kw_only=True):
@@ -196,8 +259,14 @@ def _decode_versioned(decoder: msgspec.json.Decoder[_V], text: str | bytes, anno
 
 
 def decode_inventory(text: str | bytes) -> NodeInventory:
-    """Parse a node-inventory annotation; ContractError when it is not a version-2 inventory."""
-    return _decode_versioned(_inventory_decoder, text, INVENTORY_ANNOTATION, INVENTORY_VERSION)
+    """Parse a node-inventory annotation; ContractError when it is not a version-2 or -3 inventory."""
+    try:
+        doc = _inventory_decoder.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ContractError(f"{INVENTORY_ANNOTATION}: {e}") from None
+    if doc.version not in INVENTORY_VERSIONS:
+        raise ContractError(f"{INVENTORY_ANNOTATION}: version {doc.version}, expected 2 or 3")
+    return doc
 
 
 def decode_decision(text: str | bytes) -> Decision:
@@ -241,18 +310,50 @@ TERMINATED_PHASES = ("Succeeded", "Failed")
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
+# How many holders each memory slice of a GPU in MIG mode has, packed in one int (GPUUse.mig):
+# 16 bits per slice, slice i at bits 16i..16i+15, so that holders add and subtract like the other
+# dimensions (a slice is taken while its count is not 0).
+MIG_LANE_BITS = 16
+_LANE = (1 << MIG_LANE_BITS) - 1
+
+
+def mig_lanes(start: int, size: int) -> int:
+    """One holder of memory slices start..start+size-1."""
+    return sum(1 << (MIG_LANE_BITS * i) for i in range(start, start + size))
+
+
+def mig_taken(lanes: int) -> int:
+    """The memory slices held (bit i: slice i) of packed holder counts."""
+    out = 0
+    for i in range(MIG_MEMORY_SLICES):
+        if (lanes >> (MIG_LANE_BITS * i)) & _LANE:
+            out |= 1 << i
+    return out
+
+
+def _mig_of(m: MigAssignment | msgspec.UnsetType) -> int:
+    return 0 if isinstance(m, msgspec.UnsetType) else mig_lanes(m.start, m.size)
+
+
 class GPUUse(msgspec.Struct, gc=False):
-    """What pods hold of one GPU: memory bytes, compute percent, vGPU slots (containers). Scalars
-    only: gc=False keeps the tens of thousands the scheduler holds out of the cyclic GC's walks."""
+    """What pods hold of one GPU: memory bytes, compute percent, vGPU slots (containers) and, on a
+    GPU whose MIG instances are created per container, the memory slices of those instances
+    (`mig`: packed holder counts, mig_lanes). Scalars only: gc=False keeps the tens of thousands
+    the scheduler holds out of the cyclic GC's walks."""
 
     memory: int = 0
     cores: int = 0
     slots: int = 0
+    mig: int = 0
 
     def add(self, o: GPUUse, sign: int = 1) -> None:
         self.memory += sign * o.memory
         self.cores += sign * o.cores
         self.slots += sign * o.slots
+        self.mig += sign * o.mig
+
+    def copy(self) -> GPUUse:
+        return GPUUse(self.memory, self.cores, self.slots, self.mig)
 
 
 PerGPU = dict[str, GPUUse]  # GPU UUID -> use
@@ -260,7 +361,8 @@ PerGPU = dict[str, GPUUse]  # GPU UUID -> use
 
 def _effective(conts: Iterable[tuple[bool, PerGPU]]) -> PerGPU:
     """Per GPU and dimension (memory, cores, slots): the larger of any single init container's use
-    and the sum of the app containers' (Kubernetes' effective-request rule)."""
+    and the sum of the app containers' (Kubernetes' effective-request rule). MIG instances are
+    summed over all containers: one created for an init container lives as long as its pod."""
     apps: PerGPU = {}
     inits: PerGPU = {}
     for init, per in conts:
@@ -268,13 +370,14 @@ def _effective(conts: Iterable[tuple[bool, PerGPU]]) -> PerGPU:
             if init:
                 u = inits.get(uuid)
                 if u is None:
-                    inits[uuid] = GPUUse(x.memory, x.cores, x.slots)
+                    inits[uuid] = x.copy()
                 else:
                     u.memory, u.cores, u.slots = max(u.memory, x.memory), max(u.cores, x.cores), max(u.slots, x.slots)
+                    u.mig += x.mig
             else:
                 a = apps.get(uuid)
                 if a is None:
-                    apps[uuid] = GPUUse(x.memory, x.cores, x.slots)
+                    apps[uuid] = x.copy()
                 else:
                     a.add(x)
     if not inits:
@@ -285,11 +388,12 @@ def _effective(conts: Iterable[tuple[bool, PerGPU]]) -> PerGPU:
             apps[uuid] = i
         else:
             a.memory, a.cores, a.slots = max(a.memory, i.memory), max(a.cores, i.cores), max(a.slots, i.slots)
+            a.mig += i.mig
     return apps
 
 
 def _decided(c: ContainerDecision) -> PerGPU:
-    return {g.uuid: GPUUse(g.memory, g.cores, 1) for g in c.gpus}
+    return {g.uuid: GPUUse(g.memory, g.cores, 1, _mig_of(g.mig)) for g in c.gpus}
 
 
 def decision_usage(d: Decision, allocated: frozenset[str] | set[str] = frozenset()) -> PerGPU:
@@ -413,9 +517,10 @@ def split_slices(slices: Iterable[UsedSlice]) -> tuple[PerGPU, dict[str, dict[st
             per = base
         u = per.get(s.gpu)
         if u is None:
-            per[s.gpu] = GPUUse(s.memory, s.cores, 1)
+            per[s.gpu] = GPUUse(s.memory, s.cores, 1, _mig_of(s.mig))
         else:
             u.memory, u.cores, u.slots = u.memory + s.memory, u.cores + s.cores, u.slots + 1
+            u.mig += _mig_of(s.mig)
     return base, pods
 
 

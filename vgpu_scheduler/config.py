@@ -38,7 +38,7 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # compute per GPU than any GPU offers, more GPUs than any node). Off (the default): the pod is
     # admitted and stays Pending with the extender's reason, so that an autoscaler
     # (cluster-autoscaler, Karpenter: they add nodes for Pending pods only) can bring a node
-    # that holds it; the preempt verb keeps it from evicting anyone (docs/scheduler.md, "Webhook").
+    # that holds it; the preempt verb keeps it from evicting anyone (docs/developers/scheduler.md, "Webhook").
     refuse_oversized: bool = False
     resource_name: str = RESOURCE_GPU
     stale_after_s: PositiveFloat = DEFAULT_STALE_AFTER_S

@@ -7,7 +7,9 @@ has to fit next to the other pods (it runs alone, before the app containers). GP
 ordered by the GPU policy (binpack: the most used first; spread: the least used first), nodes
 by the node policy on their usage after the placement. Whole-GPU compute (cores >= the GPU's
 cores) needs a GPU no other container uses; a 0 % compute request cannot go onto a GPU whose
-compute is fully given away (HAMi's rules).
+compute is fully given away (HAMi's rules). On a GPU that makes MIG instances per container
+(dynamic MIG) a container gets an instance of its own instead: the smallest profile that holds
+it, at a free placement (vgpu_scheduler/mig.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vgpu import scheduling as sc
+from vgpu_scheduler import mig
 from vgpu_scheduler.config import SchedulerConfig
 from vgpu_scheduler.requests import ContainerRequest, PodOptions
 from vgpu_scheduler.snapshot import GPU, NodeView, Use, decision_usage
@@ -120,6 +123,26 @@ def _reason(code: str, gpu: GPU, u: Use, mem: int, cores: int) -> str:
     return f"{gpu.uuid}: compute fully allocated"
 
 
+def _fit_mig(gpu: GPU, u: Use, mine: Use | None, mem: int, cores: int) -> tuple[mig.Pick, float] | str:
+    """A container's MIG instance on a GPU that creates them (vgpu_scheduler/mig.py) and the GPU's
+    usage fraction after it, or why none: the pod asked for MIG and the GPU does not create
+    instances, no vGPU slot is free, no profile holds the request, no placement is free."""
+    if gpu.mig is None:
+        return f"{gpu.uuid}: no MIG instances created here ({sc.MIG_ANNOTATION} asked)"
+    slots, lanes, used_mem, used_cores = u.slots, u.mig, u.memory, u.cores
+    if mine is not None:
+        slots, lanes = slots + mine.slots, lanes + mine.mig
+        used_mem, used_cores = used_mem + mine.memory, used_cores + mine.cores
+    if slots >= gpu.slots:
+        return f"{gpu.uuid}: {slots}/{gpu.slots} vGPU slots used"
+    r = mig.fit(gpu.mig, gpu.uuid, lanes, mem, cores)
+    if isinstance(r, str):
+        return r
+    f = (slots + 1) / gpu.slots + (used_mem + r.profile.memory) / (gpu.memory or 1)
+    f += (used_cores + r.cores) / gpu.cores if gpu.cores else 1.0
+    return r, f / 3
+
+
 def fit_node(
     view: NodeView, used: dict[str, Use], reqs: list[ContainerRequest], opts: PodOptions, cfg: SchedulerConfig
 ) -> Placement | Failure:
@@ -137,12 +160,14 @@ def fit_node(
     filtered = bool(opts.use_types or opts.nouse_types or opts.use_uuids or opts.nouse_uuids)
     zero = Use()
     tent: dict[str, Use] = {}  # the pod's own app containers so far
+    tent_mig: dict[str, Use] = {}  # the pod's MIG instances so far (init containers' too: they stay)
     decided: list[sc.ContainerDecision] = []
     def_mem = cfg.default_gpumem_mib * MiB
     def_cores = cfg.default_gpucores
     for req in reqs:
         misses: list[tuple[str, GPU, Use, int, int] | str] = []
         cands: list[tuple[float, GPU]] = []
+        picks: dict[str, mig.Pick] = {}
         rmem, rpct, rcores = req.mem_mib, req.mem_pct, req.cores
         for gpu in gpus_all:
             if not gpu.healthy or filtered:
@@ -161,6 +186,14 @@ def fit_node(
             else:
                 cores = def_cores if def_cores >= 0 else gpu.cores // gpu.slots
             u = used.get(gpu.uuid, zero)
+            if gpu.mig is not None or opts.mig:
+                r = _fit_mig(gpu, u, tent_mig.get(gpu.uuid), mem, cores)
+                if isinstance(r, str):
+                    misses.append(r)
+                else:
+                    picks[gpu.uuid] = r[0]
+                    cands.append((r[1], gpu))
+                continue
             if tent and not req.init:
                 t = tent.get(gpu.uuid)
                 if t is not None:
@@ -193,6 +226,15 @@ def fit_node(
             return Failure(view.name, head + (": " + "; ".join(reasons[:MAX_REASONS]) if reasons else "") + more, False)
         out = []
         for gpu in chosen:
+            pick = picks.get(gpu.uuid)
+            if pick is not None:
+                a = pick.assignment()
+                mem, cores = pick.profile.memory, pick.cores
+                out.append(sc.GPUAssignment(uuid=gpu.uuid, memory=mem, cores=cores, mig=a))
+                tent_mig.setdefault(gpu.uuid, Use()).add(Use(mem, cores, 1, sc.mig_lanes(a.start, a.size)))
+                if not req.init:
+                    tent.setdefault(gpu.uuid, Use()).add(Use(mem, cores, 1, sc.mig_lanes(a.start, a.size)))
+                continue
             mem, cores = asked(req, gpu, cfg)
             out.append(sc.GPUAssignment(uuid=gpu.uuid, memory=mem, cores=cores))
             if not req.init:

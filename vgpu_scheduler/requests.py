@@ -48,6 +48,7 @@ class PodOptions:
     use_uuids: frozenset[str] = frozenset()
     nouse_uuids: frozenset[str] = frozenset()
     numa_bind: bool = False
+    mig: bool = False  # vgpu.k8s.io/mig: a MIG instance per container (vgpu_scheduler/mig.py)
 
 
 def _resources(c: dict[str, Any]) -> dict[str, Any]:
@@ -159,13 +160,17 @@ def pod_options(annotations: dict[str, str] | None, node_policy: str, gpu_policy
                 raise RequestError(f"{key}: {u!r} is not a GPU UUID")
         return frozenset(items)
 
-    numa = sc.annotation(a, sc.NUMA_BIND_ANNOTATION)
-    numa_bind = False
-    if numa is not None:
-        n = numa.strip().lower()
+    def flag(key: str) -> bool:
+        v = sc.annotation(a, key)
+        if v is None:
+            return False
+        n = v.strip().lower()
         if n not in _TRUE | _FALSE:
-            raise RequestError(f"{sc.NUMA_BIND_ANNOTATION}={numa!r}: must be true or false")
-        numa_bind = n in _TRUE
+            raise RequestError(f"{key}={v!r}: must be true or false")
+        return n in _TRUE
+
+    numa_bind = flag(sc.NUMA_BIND_ANNOTATION)
+    mig = flag(sc.MIG_ANNOTATION)
     return PodOptions(
         node_policy=policy(sc.NODE_POLICY_ANNOTATION, node_policy),
         gpu_policy=policy(sc.GPU_POLICY_ANNOTATION, gpu_policy),
@@ -174,4 +179,5 @@ def pod_options(annotations: dict[str, str] | None, node_policy: str, gpu_policy
         use_uuids=uuids(sc.USE_GPUUUID_ANNOTATION),
         nouse_uuids=uuids(sc.NOUSE_GPUUUID_ANNOTATION),
         numa_bind=numa_bind,
+        mig=mig,
     )

@@ -39,6 +39,7 @@ class GPU:
     cores: int  # percent (100 x cores_scaling)
     slots: int  # vGPU slots (split count)
     healthy: bool
+    mig: sc.MigGPU | None = None  # a GPU that creates MIG instances per container (vgpu_scheduler/mig.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,17 @@ def _node_info(
             err = f"invalid inventory: {e}"
         if inv is not None:
             gpus = tuple(
-                GPU(g.uuid, g.index, g.model, g.numa, g.memory_schedulable, g.cores, g.split_count, g.health)
+                GPU(
+                    g.uuid,
+                    g.index,
+                    g.model,
+                    g.numa,
+                    g.memory_schedulable,
+                    g.cores,
+                    g.split_count,
+                    g.health,
+                    None if isinstance(g.mig, msgspec.UnsetType) else g.mig,
+                )
                 for g in sorted(inv.gpus, key=lambda g: g.index)
             )
     alloc = sc.allocatable_count(alloc_text)
@@ -131,8 +142,18 @@ def _node_info(
         totals, shape = prev.totals, prev.shape
     else:
         totals = (sum(g.memory for g in gpus), sum(g.cores for g in gpus), sum(g.slots for g in gpus))
-        shape = (totals, tuple((g.memory, g.cores, g.slots) for g in gpus))
+        shape = (totals, tuple((g.memory, g.cores, g.slots, _mig_shape(g.mig)) for g in gpus))
     return NodeInfo(name, inv, err, alloc, labels, gpus, totals, used, shape, rv, key if inv is not None else 0)
+
+
+def _mig_shape(m: sc.MigGPU | None) -> object:
+    """What of a MIG GPU makes the instances a pod gets (its profiles, not what is free)."""
+    if m is None:
+        return None
+    return (
+        m.compute_slices,
+        tuple((p.name, p.id, p.memory, p.slices, p.memory_slices, p.placements) for p in m.profiles),
+    )
 
 
 # ----- what the watches and lists bring, decoded into the fields kept (msgspec skips the rest) ----

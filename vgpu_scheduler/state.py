@@ -594,7 +594,7 @@ class ClusterState:
             return self.usage
         out = dict(self.usage)
         for node, per in mine.items():
-            cur = {k: Use(v.memory, v.cores, v.slots) for k, v in self.usage.get(node, {}).items()}
+            cur = {k: v.copy() for k, v in self.usage.get(node, {}).items()}
             _add(cur, per, -1)
             out[node] = cur
         return out
@@ -605,7 +605,7 @@ class ClusterState:
         cur = self.usage.get(node, {})
         if not mine:
             return cur
-        out = {k: Use(v.memory, v.cores, v.slots) for k, v in cur.items()}
+        out = {k: v.copy() for k, v in cur.items()}
         _add(out, mine, -1)
         return out
 
@@ -623,8 +623,8 @@ class ClusterState:
 
     def usage_copy(self) -> Usage:
         with self.lock:
-            out = {n: {u: Use(x.memory, x.cores, x.slots) for u, x in g.items()} for n, g in self.usage.items()}
-        return {n: {u: x for u, x in g.items() if x.memory or x.cores or x.slots} for n, g in out.items()}
+            out = {n: {u: x.copy() for u, x in g.items()} for n, g in self.usage.items()}
+        return {n: {u: x for u, x in g.items() if x.memory or x.cores or x.slots or x.mig} for n, g in out.items()}
 
     def recomputed(self) -> Usage:
         with self.lock:

@@ -57,10 +57,17 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
     shown: set[str] = set()
     for g in status.get("gpus", []):
         up = "" if g.get("up", True) else f"  DOWN: {g.get('error', '')}"
-        lines.append(
-            f"GPU {g['index']}  {g['uuid']}  {g.get('name', '')}  "
-            f"mem {_gib(g.get('memory_used'))}/{_gib(g.get('memory_total'))} GiB  util {g.get('util', 0)}%{up}"
-        )
+        if g.get("parent"):  # a MIG device: NVML has no utilisation for it
+            note = "" if g.get("compute_enforced", True) else "  compute shares not enforced (MIG)"
+            lines.append(
+                f"MIG of GPU {g['index']}  {g['uuid']}  {g.get('name', '')}  "
+                f"mem {_gib(g.get('memory_used'))}/{_gib(g.get('memory_total'))} GiB{note}{up}"
+            )
+        else:
+            lines.append(
+                f"GPU {g['index']}  {g['uuid']}  {g.get('name', '')}  "
+                f"mem {_gib(g.get('memory_used'))}/{_gib(g.get('memory_total'))} GiB  util {g.get('util', 0)}%{up}"
+            )
         rows = g.get("containers", [])
         if not rows:
             lines.append("  (no vGPU containers)")

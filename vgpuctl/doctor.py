@@ -33,6 +33,7 @@ from node_setup.nodetype.facts import NVIDIA_BINARIES, NodeFacts
 from node_setup.nodetype.root import DetectError, Root
 from node_setup.nodetype.toolkit import runtime_mode
 from vgpu.config import ConfigError, NodeConfig, config_path_from_env, load_config
+from vgpuctl import migcheck
 
 Status = Literal["OK", "WARN", "FAIL"]
 STALE_S = 10.0
@@ -155,11 +156,17 @@ def _sidecar(root: Root, conf: str) -> dict[str, Any]:
 
 class Doctor:
     def __init__(
-        self, opts: Options, nvml: NvmlProbe | None = None, python: PythonProbe = python_version, now: float = 0
+        self,
+        opts: Options,
+        nvml: NvmlProbe | None = None,
+        python: PythonProbe = python_version,
+        now: float = 0,
+        mig: migcheck.MigProbe | None = None,
     ) -> None:
         self.opts = opts
         self.root = Root(opts.root)
         self.nvml = nvml or nvml_probe
+        self.mig = mig or migcheck.mig_probe
         self.python = python
         self.now = now or time.time()
         self.checks: list[Check] = []
@@ -180,7 +187,8 @@ class Doctor:
             self.check_cdi(self.facts)
             self.check_toolkit_flags(self.facts)
             self.check_hook(spec)
-        self.check_nvml()
+        if self.check_nvml():
+            self.check_mig()
         self.check_device_plugin()
         self.check_monitor()
         nt = self.facts.node_type if self.facts else "none"
@@ -457,23 +465,39 @@ class Doctor:
                      "/opt/vgpu/bin/python, "
                      "then `vgpu-hook containerd install --python <it>`")  # fmt: skip
 
-    def check_nvml(self) -> None:
+    def check_nvml(self) -> bool:
         if not self.opts.nvml:
-            return
+            return False
         if not self.root.is_host:
             self.add("nvml", "WARN", f"not probed under --root {self.root.root}", "run vgpuctl doctor on the host")
-            return
+            return False
         try:
             gpus = self.nvml()
         except Exception as e:  # NVML errors, library not found, ...
             self.add("nvml", "FAIL", f"NVML not reachable: {e}",
                      "install the NVIDIA driver and load its kernel module (`nvidia-smi` must work)")  # fmt: skip
-            return
+            return False
         if not gpus:
             self.add("nvml", "FAIL", "NVML works but reports no GPU", "check `nvidia-smi` and the driver")
-            return
+            return False
         names = "; ".join(f"{u} {n} {m / (1 << 30):.0f} GiB" for u, n, m in gpus)
         self.add("nvml", "OK", f"{len(gpus)} GPU(s): {names}")
+        return True
+
+    def check_mig(self) -> None:
+        """MIG modes, MIG devices and who uses them, the strategy (vgpuctl/migcheck.py)."""
+        try:
+            layout = self.mig()
+        except Exception as e:  # NVML errors reading the MIG devices
+            self.add("mig", "WARN", f"cannot read the MIG devices: {e}")
+            return
+        try:
+            text = self.root.read(self.cfg.paths.status_path)
+            status = json.loads(text) if text is not None else None
+        except (DetectError, ValueError):
+            status = None
+        for st, msg, fix in migcheck.check(layout, self.cfg, status if isinstance(status, dict) else None):
+            self.add("mig", st, msg, fix)  # type: ignore[arg-type]
 
     def check_device_plugin(self) -> None:
         dp = self.cfg.device_plugin

@@ -78,6 +78,7 @@ static const struct hook g_hooks[] = {
     H(cuGetProcAddress_v2, "cuGetProcAddress", 12000, MAXV, 0),
     R(cuCtxGetDevice),
     R(cuDeviceGetUuid),
+    R(cuDeviceGetUuid_v2),
     H(cuMemAlloc_v2, "cuMemAlloc", 3020, MAXV, 0),
     H(cuMemAlloc, "cuMemAlloc", 0, 3020, 0),
     H(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, MAXV, 0),

@@ -203,6 +203,39 @@ static int limits_index_of(const char *uuid)
     return -1;
 }
 
+/* The 16 bytes of a limits line's UUID ("GPU-..." or a MIG device's "MIG-..."), -1 if it has
+ * another form. */
+static int uuid_bytes(const char *s, unsigned char out[16])
+{
+    if (strncmp(s, "GPU-", 4) != 0 && strncmp(s, "MIG-", 4) != 0)
+        return -1;
+    unsigned n = 0;
+    for (s += 4; *s; s++) {
+        if (*s == '-')
+            continue;
+        int v = (*s >= '0' && *s <= '9') ? *s - '0' : (*s | 0x20) >= 'a' && (*s | 0x20) <= 'f' ? (*s | 0x20) - 'a' + 10 : -1;
+        if (v < 0 || n >= 32)
+            return -1;
+        out[n / 2] = (unsigned char)(n % 2 ? (out[n / 2] | v) : (v << 4));
+        n++;
+    }
+    return n == 32 ? 0 : -1;
+}
+
+/* Contract 4: a CUDA device's limits line is the one whose UUID has the device's 16 bytes.  A MIG
+ * device's are its MIG UUID's: cuDeviceGetUuid_v2 "If the device is in MIG mode, returns its MIG
+ * UUID which uniquely identifies the subscribed MIG compute instance" (cuda.h); the bytes alone
+ * do not say GPU or MIG, so both prefixes are compared by their bytes. */
+static int limits_index_of_bytes(const unsigned char b[16])
+{
+    for (unsigned i = 0; i < g_lim.count; i++) {
+        unsigned char u[16];
+        if (uuid_bytes(g_lim.dev[i].uuid, u) == 0 && memcmp(u, b, 16) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
 int vgpu_dev_index(CUdevice dev)
 {
     if (dev < 0)
@@ -210,14 +243,16 @@ int vgpu_dev_index(CUdevice dev)
     int cached = dev < MAX_ORDINALS ? __atomic_load_n(&g_devmap[dev], __ATOMIC_RELAXED) : 0;
     if (LIKELY(cached))
         return cached - 2;
-    if (!REAL(cuDeviceGetUuid))
-        return -2;
     CUuuid u;
-    if (REAL(cuDeviceGetUuid)(&u, dev) != CUDA_SUCCESS)
-        return -2;
+    if (REAL(cuDeviceGetUuid_v2)) {
+        if (REAL(cuDeviceGetUuid_v2)(&u, dev) != CUDA_SUCCESS)
+            return -2;
+    } else if (!REAL(cuDeviceGetUuid) || REAL(cuDeviceGetUuid)(&u, dev) != CUDA_SUCCESS) {
+        return -2; /* a driver before 11.4: no MIG UUIDs */
+    }
     char s[VGPU_UUID_LEN];
     vgpu_format_uuid(&u, s);
-    int idx = limits_index_of(s);
+    int idx = limits_index_of_bytes((const unsigned char *)u.bytes);
     if (idx < 0)
         VLOG(VGPU_LOG_WARN, "CUDA device %d (%s) has no limits line: its allocations are refused", dev, s);
     if (dev < MAX_ORDINALS)

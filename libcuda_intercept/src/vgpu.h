@@ -21,6 +21,7 @@
     X(cuGetProcAddress_v2, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))            \
     X(cuCtxGetDevice, (CUdevice *))                                                                                \
     X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                                       \
+    X(cuDeviceGetUuid_v2, (CUuuid *, CUdevice))                                                                    \
     X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                                      \
     X(cuMemAllocPitch_v2, (CUdeviceptr *, size_t *, size_t, size_t, unsigned))                                     \
     X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned))                                                        \

@@ -5,7 +5,7 @@ FG_SRC   := sim/fakegpu/src
 FG_OUT   := $(BUILD)/fakegpu
 FG_HDRS  := $(wildcard $(FG_SRC)/*.h)
 FG_CORE  := $(FG_SRC)/fg_state.c $(FG_SRC)/fg_config.c $(FG_SRC)/fg_sim.c $(FG_SRC)/fg_pid.c \
-            $(FG_SRC)/fg_visible.c $(FG_SRC)/fg_live.c $(FG_SRC)/fg_shared.c
+            $(FG_SRC)/fg_visible.c $(FG_SRC)/fg_live.c $(FG_SRC)/fg_shared.c $(FG_SRC)/fg_mig.c
 FG_CUDA  := $(FG_CORE) $(wildcard $(FG_SRC)/cuda_*.c)
 FG_NVML  := $(FG_CORE) $(wildcard $(FG_SRC)/nvml_*.c)
 FG_LDLIB := -shared -Wl,-Bsymbolic -Wl,-z,defs -Wl,--no-undefined

@@ -11,7 +11,8 @@ children with that environment: the dynamic loader reads LD_LIBRARY_PATH once, a
 
 Keyword overrides apply to every device (device keys: uuid, name, memory, pci_bus_id, numa_node,
 context_overhead, reserved, pci_device_id, sm_count, cc_major, cc_minor, minor_number,
-memory_bandwidth, host_link_bandwidth) or to the
+memory_bandwidth, host_link_bandwidth, mig_profiles, mig_mode; `sim.fakegpu.mig.PRODUCTS` has the
+MIG-capable products) or to the
 node (queue_depth, timeslice_us, sample_period_ms, util_window_ms, driver_version, cuda_version).
 See docs/developers/simulators.md for the file formats and the model.
 """
@@ -45,6 +46,8 @@ DEVICE_KEYS = frozenset(
         "minor_number",
         "memory_bandwidth",
         "host_link_bandwidth",
+        "mig_profiles",
+        "mig_mode",
     }
 )
 
@@ -141,6 +144,44 @@ class FakeGPU:
 
     def set_lost(self, index: int, lost: bool = True) -> None:
         self.ctl("lost", str(index), "1" if lost else "0")
+
+    def inject_mig_xid(self, index: int, xid: int, gi: int, ci: int) -> None:
+        """An XID attributed to the MIG device (gi, ci) of GPU `index`."""
+        self.ctl("xid", str(index), str(xid), str(gi), str(ci))
+
+    def mig_mode(self, index: int, enabled: bool = True) -> str:
+        """nvidia-smi -i INDEX -mig 0|1: "" when applied, else "pending: <reason>"."""
+        return self.ctl("mig-mode", str(index), "1" if enabled else "0").strip()
+
+    def mig_create(self, index: int, *profiles: str, start: int | None = None) -> list[dict[str, Any]]:
+        """GPU instances with their full compute instance (nvidia-smi mig -cgi P -C): one
+        {gpu, gi, ci, profile, unit, uuid, start, size} per profile (a name such as 3g.71gb or an ID)."""
+        args = ["mig-create", str(index), ",".join(profiles)]
+        if start is not None:
+            args.append(str(start))
+        return [json.loads(line) for line in self.ctl(*args).splitlines() if line.strip()]
+
+    def mig_destroy(self, index: int, gi: int | str = "all") -> None:
+        self.ctl("mig-destroy", str(index), str(gi))
+
+    def mig_devices(self) -> list[dict[str, Any]]:
+        """Every MIG device of the node: {gpu, gi, ci, uuid, unit, name, profile (the GI's), memory, ...}."""
+        out = []
+        for g in self.state()["mig"]:
+            for gi in g["gpu_instances"]:
+                for ci in gi["compute_instances"]:
+                    out.append(
+                        {
+                            **ci,
+                            "gpu": g["index"],
+                            "gi": gi["id"],
+                            "ci": ci["id"],
+                            "gi_profile": gi["profile"],
+                            "memory": gi["memory"],
+                            "placement": (gi["start"], gi["size"]),
+                        }
+                    )
+        return out
 
     def run(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
         kw.setdefault("env", self.env)

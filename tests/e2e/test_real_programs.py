@@ -3,7 +3,7 @@
 The container gets what a vGPU container gets on a node: the prestart hook (`vgpu-hook`, as
 `vgpu-hook containerd install` writes it) reads the allocation record and bind-mounts
 /etc/ld.so.preload, /run/vgpu/libvgpu.so, the limits file and the region; the simulated GPU's
-libraries and state file are bind-mounted as the docs describe (docs/fakegpu.md, "Using it").
+libraries and state file are bind-mounted as the docs describe (docs/developers/simulators.md, "Using it").
 Inside, unmodified programs run: a C program linked against NVIDIA's libcudart.so.12 from PyPI
 (cudaMalloc until it fails) and CuPy (its default pool and its stream-ordered pool).  They reach
 cudaErrorMemoryAllocation / cupy.cuda.memory.OutOfMemoryError exactly at the slice; the oracle

@@ -1,4 +1,4 @@
-"""Every allocation path beyond cuMemAlloc is counted, refused or left alone (docs/intercept.md,
+"""Every allocation path beyond cuMemAlloc is counted, refused or left alone (docs/developers/intercept.md,
 "Allocation paths"): graph memory, pools that keep freed memory, host locations, and memory shared
 between processes.  Each test runs the C program build/intercept/paths through libvgpu.so (plain
 and ASan+UBSan) on the simulated GPU, and judges by the simulated GPU's own count (fakegpu-ctl),

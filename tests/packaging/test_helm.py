@@ -70,7 +70,12 @@ def test_values_reach_the_daemons() -> None:
     objects = render(
         {
             "resourceName": "example.com/vgpu",
-            "devicePlugin": {"deviceSplitCount": 10, "deviceMemoryScaling": 1.5, "deviceCoresScaling": 2},
+            "devicePlugin": {
+                "deviceSplitCount": 10,
+                "deviceMemoryScaling": 1.5,
+                "deviceCoresScaling": 2,
+                "migStrategy": "mixed",
+            },
             "monitor": {
                 "port": 9500,
                 "policy": "strict",
@@ -89,11 +94,18 @@ def test_values_reach_the_daemons() -> None:
         "--device-memory-scaling=1.5",
         "--device-cores-scaling=2",
         "--resource-name=example.com/vgpu",
+        "--mig-strategy=mixed",
     ):
         assert flag in args
     monitor = daemonset(objects, "monitor")
     assert "--policy=strict" in container_args(monitor) and "--metrics-port=9500" in container_args(monitor)
     assert monitor["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 9500
+    for ds in (daemonset(objects, "device-plugin"), monitor):  # NVML lists MIG devices with the monitor capability
+        env = {e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        assert env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all"
+    dp = daemonset(objects, "device-plugin")["spec"]["template"]["spec"]["containers"][0]
+    assert dp["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert "NVIDIA_MIG_CONFIG_DEVICES" not in {e["name"] for e in dp["env"]}
     for ds in by_kind(objects, "DaemonSet"):
         pod = ds["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"accelerator": "nvidia"}
@@ -107,6 +119,19 @@ def test_values_reach_the_daemons() -> None:
     assert sm["spec"]["namespaceSelector"]["matchNames"] == ["gpu-system"]
     assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
     assert svc["spec"]["ports"][0]["port"] == 9500
+
+
+def test_dynamic_mig_gets_the_config_capability_and_none_no_sys_admin() -> None:
+    """dynamic: NVIDIA_MIG_CONFIG_DEVICES=all (creating and destroying instances, NVIDIA's toolkit)
+    with CAP_SYS_ADMIN; none: the capabilities dropped, nothing added."""
+    objects = render({"devicePlugin": {"migStrategy": "dynamic"}})
+    assert_valid(objects)
+    dp = daemonset(objects, "device-plugin")["spec"]["template"]["spec"]["containers"][0]
+    assert "--mig-strategy=dynamic" in dp["args"]
+    assert {e["name"]: e.get("value") for e in dp["env"]}["NVIDIA_MIG_CONFIG_DEVICES"] == "all"
+    assert dp["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    dp = daemonset(render({}), "device-plugin")["spec"]["template"]["spec"]["containers"][0]
+    assert dp["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_toggles() -> None:
@@ -136,6 +161,7 @@ def test_shipped_manifests_are_valid(path: Path) -> None:
     [
         {"monitor": {"policy": "fast"}},
         {"devicePlugin": {"deviceSplitCount": 0}},
+        {"devicePlugin": {"migStrategy": "hybrid"}},
         {"devicePlugin": {"deviceSplitCount": "4"}},
         {"devicePlugin": {"deviceMemoryScaling": 0}},
         {"monitor": {"port": 70000}},

@@ -1,6 +1,6 @@
 """The simulated driver's model of stream capture, graph memory, sharing and host memory: the
-error codes and accounting NVIDIA's driver API reference documents (docs/fakegpu.md, "Graphs,
-sharing and host memory").  The accounting through libvgpu.so is tested in
+error codes and accounting NVIDIA's driver API reference documents (docs/developers/simulators.md,
+"Graphs and stream capture", "Memory shared between processes").  The accounting through libvgpu.so is tested in
 tests/libcuda_intercept/test_alloc_paths.py."""
 
 from __future__ import annotations

@@ -65,10 +65,23 @@ sys.path.insert(0, sys.argv[1])
 import pynvml
 pynvml.nvmlInit()
 out = []
-for i in range(pynvml.nvmlDeviceGetCount()):
-    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+def row(h):
     m = pynvml.nvmlDeviceGetMemoryInfo(h)
     out.append({"uuid": pynvml.nvmlDeviceGetUUID(h), "total": m.total, "used": m.used, "free": m.free})
+for i in range(pynvml.nvmlDeviceGetCount()):
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    try:
+        mig = pynvml.nvmlDeviceGetMigMode(h)[0] == 1
+    except pynvml.NVMLError:
+        mig = False
+    if not mig:
+        row(h)
+        continue
+    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):  # a GPU in MIG mode: its MIG devices
+        try:
+            row(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j))
+        except pynvml.NVMLError_NotFound:
+            pass
 pynvml.nvmlShutdown()
 print(json.dumps(out))
 """
@@ -125,11 +138,20 @@ class Demo:
         workdir: Path | None = None,
         burn_kernel_us: int = 100,
         device_list_strategy: str = "envvar",
+        mig_profile: str = "",
+        mig_dynamic: bool = False,
     ) -> None:
         # How Allocate names the GPU (device_plugin/strategy.py); the simulated toolkit is
         # configured as a node using it would be: volume-mounts with the secure pair of flags,
         # cdi-annotations with a CDI spec of the GPU in its spec dir.
         self.strategy = device_list_strategy
+        # MIG (simulated only): the GPU is an H200 in MIG mode with one instance of this profile,
+        # split by the plugin's `--mig-strategy vgpu` (docs/operators/mig.md)
+        self.mig_profile = mig_profile
+        # dynamic MIG (simulated only): an H200 in MIG mode without instances, the plugin's
+        # `--mig-strategy dynamic` makes one per container the scheduler placed
+        self.mig_dynamic = mig_dynamic
+        self.gpu_uuid = ""
         self.build = Path(build_dir).resolve()
         self.real = real_gpu
         self.log = log
@@ -216,8 +238,26 @@ class Demo:
         self.gpu = FakeGPU(self.work / "fakegpu", self.build, gpus=1, memory=10 * GiB, context_overhead=256 * MiB)
         self.stack.callback(self.gpu.close)
         self.env = self.gpu.env
-        self.uuid = self.gpu.uuids[0]
+        self.uuid = self.gpu_uuid = self.gpu.uuids[0]
         self.gpu_memory = 10 * GiB
+        if self.mig_dynamic:
+            from sim.fakegpu.mig import product
+
+            self.gpu.configure([product("h200-141gb", mig_mode=1, context_overhead=256 * MiB)])
+            self.uuid = self.gpu_uuid = self.gpu.uuids[0]
+            self.gpu_memory = int(product("h200-141gb")["memory"])
+            self.log(f"[1] simulated H200 in MIG mode {self.uuid}, no instance yet")
+            return {"uuid": self.uuid, "memory": self.gpu_memory, "simulated": True}
+        if self.mig_profile:
+            from sim.fakegpu.mig import product
+
+            self.gpu.configure([product("h200-141gb", mig_mode=1, context_overhead=256 * MiB)])
+            (made,) = self.gpu.mig_create(0, self.mig_profile)
+            dev = next(d for d in self.gpu.mig_devices() if d["uuid"] == made["uuid"])
+            self.gpu_uuid, self.uuid, self.gpu_memory = self.gpu.uuids[0], made["uuid"], int(dev["memory"])
+            self.log(f"[1] simulated H200 in MIG mode, {self.mig_profile} instance {self.uuid}: "
+                     f"{self.gpu_memory / GiB:.2f} GiB")  # fmt: skip
+            return {"uuid": self.uuid, "memory": self.gpu_memory, "simulated": True}
         self.log(f"[1] simulated GPU {self.uuid}: 10 GiB (sim/fakegpu, state {self.gpu.state_path})")
         return {"uuid": self.uuid, "memory": self.gpu_memory, "simulated": True}
 
@@ -241,6 +281,8 @@ class Demo:
                 str(SPLIT),
                 "--device-list-strategy",
                 self.strategy,
+                *(["--mig-strategy", "vgpu"] if self.mig_profile else []),
+                *(["--mig-strategy", "dynamic"] if self.mig_dynamic else []),
                 "--log-level",
                 "info",
             ],
@@ -267,7 +309,11 @@ class Demo:
             pod.token = alloc.envs.get(TOKEN_ENV, "")
             if not pod.token or alloc.annotations.get(TOKEN_ANNOTATION) != pod.token:
                 raise StepFailed(f"Allocate for {pod.name} carried no allocation token: {alloc.envs}")
-            if self.strategy == "envvar" and alloc.envs.get("NVIDIA_VISIBLE_DEVICES") != self.uuid:
+            if (
+                self.strategy == "envvar"
+                and not self.mig_dynamic  # the MIG device made for it
+                and alloc.envs.get("NVIDIA_VISIBLE_DEVICES") != self.uuid
+            ):
                 raise StepFailed(f"{pod.name}: NVIDIA_VISIBLE_DEVICES={alloc.envs.get('NVIDIA_VISIBLE_DEVICES')!r}")
             rec = schemas.read_record(Paths(str(self.state_dir)).allocation_record(pod.token))
             [g] = rec.gpus

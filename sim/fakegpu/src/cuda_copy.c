@@ -9,7 +9,7 @@
  * memory otherwise.  Every copy moves the bytes; an asynchronous copy first waits for the
  * stream's earlier kernels, so ordering within a stream holds (copies take no device time).
  * CUDA arrays have no backing store in the simulator: copies to and from them are
- * CUDA_ERROR_NOT_SUPPORTED (docs/fakegpu.md, known gaps).
+ * CUDA_ERROR_NOT_SUPPORTED (docs/developers/simulators.md, "What is simplified").
  */
 #include "fg_cuda.h"
 

@@ -1,5 +1,6 @@
 /* fakegpu libcuda: initialisation, device enumeration and attributes, memory charging. */
 #include "fg_cuda.h"
+#include "fg_mig.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -31,14 +32,53 @@ static int busid_cmp(const void *a, const void *b)
     return strcmp(st->cfg[*(const int *)a].pci_bus_id, st->cfg[*(const int *)b].pci_bus_id);
 }
 
+/* The CUDA devices of this process, in ordinal order before CUDA_VISIBLE_DEVICES: each visible GPU,
+ * or for a GPU in MIG mode one MIG device of each of its GPU instances (MIG user guide, "CUDA
+ * Device Enumeration": "If CUDA_VISIBLE_DEVICES is not set, CUDA will pick one from each GPU
+ * instance"), the one with the lowest CI id among those the process may use. */
+static int enumerate(const struct fg_state *st, const int *gpus, int n, int out[FG_MAX_DEV])
+{
+    int k = 0;
+    for (int i = 0; i < n && k < FG_MAX_DEV; i++) {
+        if (!fg_mig_enabled(st, gpus[i])) {
+            out[k++] = gpus[i];
+            continue;
+        }
+        int units[FG_MAX_DEV], nu = fg_mig_units(st, gpus[i], units);
+        for (int j = 0; j < nu && k < FG_MAX_DEV; j++) {
+            int dup = 0;
+            for (int m = 0; m < k; m++)
+                dup |= fg_unit_is_mig(st, out[m]) && st->unit[out[m]].parent == st->unit[units[j]].parent &&
+                       st->unit[out[m]].gi == st->unit[units[j]].gi;
+            if (!dup && fg_mig_visible(st, units[j]))
+                out[k++] = units[j];
+        }
+    }
+    return k;
+}
+
+/* A MIG UUID (or a prefix of one) of a MIG device this process may use: "You can specify compute
+ * instance UUIDs (at most one per GPU instance)". */
+static int mig_by_uuid(const struct fg_state *st, const int *gpus, int n, const char *tok)
+{
+    for (int i = 0; i < n; i++) {
+        int units[FG_MAX_DEV], nu = fg_mig_enabled(st, gpus[i]) ? fg_mig_units(st, gpus[i], units) : 0;
+        for (int j = 0; j < nu; j++)
+            if (!strncmp(st->cfg[units[j]].uuid, tok, strlen(tok)) && fg_mig_visible(st, units[j]))
+                return units[j];
+    }
+    return -1;
+}
+
 static void build_map(void)
 {
     struct fg_state *st = fg_g.st;
-    int all[FG_MAX_DEV];
-    int n = fg_visible_map(st, all);
+    int gpus[FG_MAX_DEV], all[FG_MAX_DEV];
+    int ngpu = fg_visible_map(st, gpus);
     const char *order = getenv("CUDA_DEVICE_ORDER");
     if (order && !strcmp(order, "PCI_BUS_ID"))
-        qsort(all, (size_t)n, sizeof(int), busid_cmp);
+        qsort(gpus, (size_t)ngpu, sizeof(int), busid_cmp);
+    int n = enumerate(st, gpus, ngpu, all);
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     g_count = 0;
     if (!vis) {
@@ -46,14 +86,15 @@ static void build_map(void)
             g_map[g_count++] = all[i];
         return;
     }
-    /* Like the real driver: entries are ordinals or UUID prefixes; the list ends at the first
-     * entry that is invalid or repeated. */
+    /* Like the real driver: entries are ordinals, GPU UUID prefixes or MIG UUIDs; the list ends
+     * at the first entry that is invalid or repeated; a second MIG device of one GPU instance is
+     * left out ("CUDA will pick one from the list"). */
     char buf[1024];
     snprintf(buf, sizeof(buf), "%s", vis);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         while (isspace((unsigned char)*tok))
             tok++;
-        int found = -1;
+        int found = -1, same_gi = 0;
         char *end;
         long v = strtol(tok, &end, 10);
         if (end != tok && *end == '\0') {
@@ -61,14 +102,22 @@ static void build_map(void)
                 found = all[v];
         } else if (!strncmp(tok, "GPU-", 4) && strlen(tok) > 4) {
             for (int i = 0; i < n; i++)
-                if (!strncmp(st->cfg[all[i]].uuid, tok, strlen(tok))) {
+                if (!fg_unit_is_mig(st, all[i]) && !strncmp(st->cfg[all[i]].uuid, tok, strlen(tok))) {
                     found = all[i];
                     break;
                 }
+        } else if (!strncmp(tok, "MIG-", 4) && strlen(tok) > 4) {
+            found = mig_by_uuid(st, gpus, ngpu, tok);
         }
-        for (int j = 0; j < g_count && found >= 0; j++)
+        for (int j = 0; j < g_count && found >= 0; j++) {
             if (g_map[j] == found)
                 found = -1;
+            else if (fg_unit_is_mig(st, found) && fg_unit_is_mig(st, g_map[j]) &&
+                     st->unit[found].parent == st->unit[g_map[j]].parent && st->unit[found].gi == st->unit[g_map[j]].gi)
+                same_gi = 1;
+        }
+        if (same_gi)
+            continue;
         if (found < 0 || g_count >= FG_MAX_DEV)
             break;
         g_map[g_count++] = found;
@@ -151,7 +200,8 @@ CUresult fg_check_dev(CUdevice d)
 
 int fg_dev_lost(int dev)
 {
-    return __atomic_load_n(&fg_g.st->ds[dev].lost, __ATOMIC_RELAXED) != 0;
+    /* a MIG device is lost with its GPU */
+    return __atomic_load_n(&fg_g.st->ds[fg_unit_root(fg_g.st, dev)].lost, __ATOMIC_RELAXED) != 0;
 }
 
 FG_API CUresult cuDriverGetVersion(int *v)
@@ -198,7 +248,7 @@ FG_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-FG_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev, int mig)
 {
     CUresult rc = fg_check_dev(dev);
     if (rc)
@@ -206,15 +256,26 @@ FG_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
     unsigned char b[16];
-    if (fg_uuid_bytes(fg_g.st->cfg[physok(dev)].uuid, b) != 0)
+    int unit = physok(dev);
+    if (!mig)
+        unit = fg_unit_root(fg_g.st, unit);
+    if (fg_uuid_bytes(fg_g.st->cfg[unit].uuid, b) != 0)
         return CUDA_ERROR_UNKNOWN;
     memcpy(uuid->bytes, b, 16);
     return CUDA_SUCCESS;
 }
 
+/* cuda.h: cuDeviceGetUuid_v2 "If the device is in MIG mode, returns its MIG UUID which uniquely
+ * identifies the subscribed MIG compute instance" (cuda.h maps the name cuDeviceGetUuid to it since
+ * CUDA 11.4).  The older entry point is modelled as giving the GPU's UUID: the reason _v2 was added. */
+FG_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    return device_uuid(uuid, dev, 0);
+}
+
 FG_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    return cuDeviceGetUuid(uuid, dev);
+    return device_uuid(uuid, dev, 1);
 }
 
 FG_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)

@@ -9,7 +9,7 @@
  *
  *   [ZL]  vosen/ZLUDA @8a7931be, dark_api/src/lib.rs (the tables, their GUIDs, slot signatures)
  *         and zluda/src/impl/driver.rs (what ZLUDA's driver does in each slot).
- *   [OBS] our own traces of cudart 12.9 and 13.5 (docs/fakegpu.md, "Real CUDA runtime").
+ *   [OBS] our own traces of cudart 12.9 and 13.5 (docs/developers/simulators.md, "NVIDIA's CUDA runtime, CuPy and PyTorch on the simulated GPU").
  *
  * Requests observed, in order (both runtimes): f8cff951 (before cuInit), 6bd5fb6c, then after
  * cuInit a094798c, 42d85a81, c693336e, 263e8860, and d4082055 once a context exists (cudart 13;

@@ -20,7 +20,7 @@
  * LZ4 block decompression is written here from the LZ4 block format description (lz4/lz4
  * doc/lz4_Block_format.md); zstd payloads go through the system's libzstd.so.1 when it can be
  * loaded.  An entry that cannot be read (zstd without libzstd) makes the image "opaque": its
- * names are then accepted as asked (docs/fakegpu.md, known gaps).
+ * names are then accepted as asked (docs/developers/simulators.md, "Kernel model").
  */
 #include "fg_cuda.h"
 

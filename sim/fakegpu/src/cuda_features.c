@@ -8,7 +8,7 @@
  *  - multicast objects (CUDA 12.1): the device reports CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0,
  *    so cuMulticastCreate and the rest are CUDA_ERROR_NOT_SUPPORTED (cuda.h);
  *  - green contexts and device resources (CUDA 12.4): not modelled, CUDA_ERROR_NOT_SUPPORTED
- *    (docs/fakegpu.md, known gaps);
+ *    (docs/developers/simulators.md, "What is simplified");
  *  - cuLogsRegisterCallback / cuLogsUnregisterCallback (CUDA 12.9): callbacks are kept and never
  *    called, since the simulated driver writes no log entries.
  */

@@ -16,7 +16,7 @@
  * (fakegpu-burn ships PTX with a "spin" kernel of the same signature that spins on %globaltimer,
  * so the same program runs on a real GPU.)  Global variables get host-backed memory of their size
  * when first looked up, so cudaMemcpyToSymbol and friends move real bytes; like module code they
- * are not charged to the device (a simplification, docs/fakegpu.md).
+ * are not charged to the device (a simplification, docs/developers/simulators.md).
  *
  * A library (CUDA 12's context-independent loading) holds one module; its CUkernel handles are
  * the module's CUfunction handles (CUDA accepts a CUkernel wherever a CUfunction is launched).

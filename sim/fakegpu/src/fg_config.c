@@ -5,6 +5,7 @@
  * built-in device of that index.  No [device] section: the two default devices.
  */
 #include "fg_state.h"
+#include "fg_mig.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -44,7 +45,7 @@ void fg_config_defaults(struct fg_config *c)
     c->util_window_ns = 1000000000; /* 1 s */
     snprintf(c->driver_version, sizeof(c->driver_version), "580.65.06");
     c->cuda_version = 13000;
-    for (unsigned i = 0; i < FG_MAX_DEV; i++)
+    for (unsigned i = 0; i < FG_MAX_GPU; i++)
         default_device(&c->dev[i], i);
 }
 
@@ -101,7 +102,7 @@ int fg_parse_busid(const char *s, unsigned *domain, unsigned *bus, unsigned *dev
 int fg_uuid_bytes(const char *uuid, unsigned char out[16])
 {
     const char *p = uuid;
-    if (strncmp(p, "GPU-", 4) == 0)
+    if (strncmp(p, "GPU-", 4) == 0 || strncmp(p, "MIG-", 4) == 0)
         p += 4;
     unsigned n = 0;
     for (; *p && n < 32; p++) {
@@ -137,7 +138,8 @@ static int known(const char *k, const char *const *keys)
 
 static const char *const DEVICE_KEYS[] = {"uuid", "name", "pci_bus_id", "numa_node", "memory", "context_overhead",
                                           "reserved", "pci_device_id", "sm_count", "cc_major", "cc_minor",
-                                          "minor_number", "memory_bandwidth", "host_link_bandwidth", NULL};
+                                          "minor_number", "memory_bandwidth", "host_link_bandwidth", "mig_profiles",
+                                          "mig_mode", NULL};
 static const char *const NODE_KEYS[] = {"driver_version", "queue_depth", "timeslice_us", "sample_period_ms",
                                         "util_window_ms", "cuda_version", "gpus", NULL};
 
@@ -158,6 +160,10 @@ static int device_key(struct fg_devcfg *d, const char *k, const char *v)
             return -1;
         snprintf(d->pci_bus_id, sizeof(d->pci_bus_id), "%08X:%02X:%02X.%X", a, b, c, e);
         return 0;
+    }
+    if (!strcmp(k, "mig_profiles")) { /* the product's MIG profile table (fg_mig.c); none: not MIG-capable */
+        int t = fg_mig_table_key(v);
+        return t < 0 ? -1 : (d->mig_table = t == 0 ? FG_MIG_INCAPABLE : (uint32_t)t, 0);
     }
     if (!strcmp(k, "numa_node"))
         return (parse_i64(v, &i) == 0 && i >= -1 && i < 1024) ? (d->numa_node = (int32_t)i, 0) : -1;
@@ -185,6 +191,8 @@ static int device_key(struct fg_devcfg *d, const char *k, const char *v)
         return (d->cc_minor = (uint32_t)u, 0);
     if (!strcmp(k, "minor_number"))
         return (d->minor_number = (uint32_t)u, 0);
+    if (!strcmp(k, "mig_mode"))
+        return u <= 1 ? (d->mig_mode = (uint32_t)u, 0) : -1;
     return -2;
 }
 
@@ -208,7 +216,7 @@ static int global_key(struct fg_config *c, const char *k, const char *v)
     if (!strcmp(k, "cuda_version"))
         return (u >= 2000 && u <= 99999) ? (c->cuda_version = (int32_t)u, 0) : -1;
     if (!strcmp(k, "gpus"))
-        return (u >= 1 && u <= FG_MAX_DEV) ? (c->ndev = (uint32_t)u, 0) : -1;
+        return (u >= 1 && u <= FG_MAX_GPU) ? (c->ndev = (uint32_t)u, 0) : -1;
     return -2;
 }
 
@@ -234,8 +242,8 @@ int fg_config_load(const char *path, struct fg_config *c, char *err, size_t errl
         if (!*s)
             continue;
         if (!strcmp(s, "[device]")) {
-            if (++dev >= FG_MAX_DEV) {
-                snprintf(err, errlen, "%s:%d: more than %d devices", path, lineno, FG_MAX_DEV);
+            if (++dev >= FG_MAX_GPU) {
+                snprintf(err, errlen, "%s:%d: more than %d devices", path, lineno, FG_MAX_GPU);
                 rc = -1;
                 break;
             }

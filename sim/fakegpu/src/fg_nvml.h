@@ -33,6 +33,7 @@ enum {
     NVML_ERROR_IN_USE = 19,
     NVML_ERROR_MEMORY = 20,
     NVML_ERROR_NO_DATA = 21,
+    NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -65,5 +66,6 @@ nvmlReturn_t fg_nvml_check(void);
 /* Validates a handle: 0 with *idx set, else an NVML error.  dynamic: fails on a lost GPU. */
 nvmlReturn_t fg_nvml_dev(nvmlDevice_t d, int dynamic, int *idx);
 nvmlDevice_t fg_nvml_handle(int idx);
+int fg_nvml_mig_usable(int unit); /* a MIG device of a visible GPU this process may use */
 
 #endif

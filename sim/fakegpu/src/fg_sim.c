@@ -181,8 +181,9 @@ void fg_sim_advance(struct fg_state *st, int dev, uint64_t now)
 
 void fg_sim_advance_all(struct fg_state *st, uint64_t now)
 {
-    for (unsigned d = 0; d < st->h.ndev; d++)
-        fg_sim_advance(st, (int)d, now);
+    for (int d = 0; d < FG_MAX_DEV; d++)
+        if (fg_unit_live(st, d))
+            fg_sim_advance(st, d, now);
 }
 
 int fg_sim_enqueue(struct fg_state *st, int slot, int dev, int stream, uint64_t dur)

@@ -1,5 +1,6 @@
 /* fakegpu: opening, creating, locking the shared state; process slots and their liveness. */
 #include "fg_state.h"
+#include "fg_mig.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -185,9 +186,14 @@ static void init_state(struct fg_state *st, const struct fg_config *c)
     memcpy(st->h.driver_version, c->driver_version, sizeof(st->h.driver_version));
     st->h.cuda_version = c->cuda_version;
     for (unsigned i = 0; i < FG_MAX_DEV; i++) {
-        st->cfg[i] = c->dev[i];
+        if (i < FG_MAX_GPU)
+            st->cfg[i] = c->dev[i];
         st->ds[i].cur_slot = FG_MAX_SLOTS;
+        st->unit[i].parent = -1;
     }
+    for (unsigned i = 0; i < c->ndev; i++)
+        if (fg_mig_table_of(st, (int)i))
+            st->mig[i].mode = st->mig[i].pending = c->dev[i].mig_mode;
     __atomic_store_n(&st->h.magic, FG_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -228,7 +234,7 @@ int fg_open(int quiet)
     if (fstat(fd, &sb) == 0 && (size_t)sb.st_size == sizeof(struct fg_state)) {
         st = mmap(NULL, sizeof(struct fg_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (st != MAP_FAILED && __atomic_load_n(&st->h.magic, __ATOMIC_ACQUIRE) == FG_MAGIC &&
-            st->h.version == FG_VERSION && st->h.size == sizeof(*st) && st->h.ndev >= 1 && st->h.ndev <= FG_MAX_DEV) {
+            st->h.version == FG_VERSION && st->h.size == sizeof(*st) && st->h.ndev >= 1 && st->h.ndev <= FG_MAX_GPU) {
             fg_g.st = st;
             pthread_mutex_unlock(&g_open_mu);
             return 0;
@@ -260,7 +266,7 @@ int fg_open(int quiet)
             goto out;
         init_state(st, &c);
     } else if (st->h.magic != FG_MAGIC || st->h.version != FG_VERSION || st->h.size != sizeof(*st) ||
-               st->h.ndev < 1 || st->h.ndev > FG_MAX_DEV) {
+               st->h.ndev < 1 || st->h.ndev > FG_MAX_GPU) {
         if (!quiet)
             fprintf(stderr, "fakegpu: %s: incompatible state file\n", path);
         goto out;
@@ -321,7 +327,7 @@ uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev)
     return p->mem_device + p->mem_managed_dev + (uint64_t)p->contexts * st->cfg[dev].context_overhead;
 }
 
-uint64_t fg_dev_used(const struct fg_state *st, int dev)
+static uint64_t unit_used(const struct fg_state *st, int dev)
 {
     return st->ds[dev].used_total;
 }
@@ -333,6 +339,23 @@ uint64_t fg_dev_used_scan(const struct fg_state *st, int dev)
         if (st->slots[s].state == FG_SLOT_LIVE)
             u += fg_pdev_used(st, s, dev);
     return u;
+}
+
+/* A MIG device's memory is its GPU instance's, shared by the GI's compute instances. */
+uint64_t fg_dev_used(const struct fg_state *st, int dev)
+{
+    if (!fg_unit_is_mig(st, dev))
+        return unit_used(st, dev);
+    uint64_t u = 0;
+    for (int d = (int)st->h.ndev; d < FG_MAX_DEV; d++)
+        if (st->unit[d].parent == st->unit[dev].parent && st->unit[d].gi == st->unit[dev].gi)
+            u += unit_used(st, d);
+    return u;
+}
+
+int fg_unit_live(const struct fg_state *st, int dev)
+{
+    return (dev >= 0 && dev < (int)st->h.ndev) || fg_unit_is_mig(st, dev);
 }
 
 void fg_note_high(struct fg_state *st, int dev)
@@ -391,8 +414,9 @@ void fg_reap_in(struct fg_state *st)
         if (!fg_slot_alive(s)) {
             /* Queued work of a dead context is discarded, as when the driver tears it down. */
             uint64_t now = fg_now();
-            for (unsigned d = 0; d < st->h.ndev; d++)
-                fg_sim_advance(st, (int)d, now);
+            for (int d = 0; d < FG_MAX_DEV; d++)
+                if (fg_unit_live(st, d))
+                    fg_sim_advance(st, d, now);
             fg_release_slot(st, s);
         }
     }

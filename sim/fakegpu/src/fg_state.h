@@ -18,7 +18,8 @@
 #define FG_MAGIC 0x5550474b414546ULL /* "FAKGPU\0" little endian-ish */
 #define FG_VERSION 2u
 
-#define FG_MAX_DEV 8
+#define FG_MAX_GPU 8  /* GPUs of the configuration */
+#define FG_MAX_DEV 16 /* simulation units: the GPUs, then MIG devices (fg_mig.h) at indices >= ndev */
 #define FG_MAX_SLOTS 384 /* processes on the node at once (256 of one container, and the rest) */
 #define FG_MASK_WORDS (FG_MAX_SLOTS / 64)
 #define FG_MAX_SHARED 256 /* shared (exported/imported) allocations on the node */
@@ -51,6 +52,8 @@ struct fg_devcfg {
     uint32_t minor_number;
     uint64_t memory_bandwidth;    /* bytes/s a kernel reads device memory at (HBM) */
     uint64_t host_link_bandwidth; /* bytes/s a kernel reads host memory at (PCIe, one direction) */
+    uint32_t mig_table; /* MIG profile table (fg_mig.c) + 1; 0: no table (MIG reads disabled); FG_MIG_INCAPABLE */
+    uint32_t mig_mode;  /* MIG mode at state creation */
 };
 
 struct fg_period {
@@ -102,6 +105,7 @@ struct fg_xid {
     uint64_t seq;
     uint64_t xid;
     uint64_t time_ns;
+    uint32_t gi, ci; /* the MIG instance it is attributed to, 0xFFFFFFFF: none (the whole GPU) */
 };
 
 struct fg_devstate {
@@ -170,6 +174,41 @@ struct fg_header {
     uint64_t shared_generation;
 };
 
+/* MIG (fg_mig.h): per GPU its mode, GPU instances and their compute instances; per unit its place. */
+#define FG_MIG_MAX_GI 8 /* at most 7 on every product */
+#define FG_MIG_MAX_CI 8
+#define FG_NO_INSTANCE 0xFFFFFFFFu
+#define FG_MIG_INCAPABLE 255u /* mig_profiles = none: nvmlDeviceGetMigMode is NOT_SUPPORTED */
+
+struct fg_mig_ci {
+    uint32_t used;
+    uint32_t id;      /* compute instance ID, unique in its GI */
+    uint32_t profile; /* NVML_COMPUTE_INSTANCE_PROFILE_* (== the CI profile ID) */
+    uint32_t start, size; /* placement in the GI's SM slices */
+    int32_t unit;     /* state index of the MIG device */
+};
+
+struct fg_mig_gi {
+    uint32_t used;
+    uint32_t id;         /* GPU instance ID, unique on the GPU */
+    uint32_t profile_id; /* GI profile ID (19 = 1g, ...) */
+    uint32_t start, size; /* placement: memory slices */
+    uint32_t pad;
+    struct fg_mig_ci ci[FG_MIG_MAX_CI];
+};
+
+struct fg_mig {
+    uint32_t mode, pending; /* NVML_DEVICE_MIG_DISABLE 0 / ENABLE 1 */
+    uint64_t serial;        /* compute instances ever created: makes every MIG UUID new */
+    struct fg_mig_gi gi[FG_MIG_MAX_GI];
+};
+
+struct fg_unit {
+    int32_t parent; /* GPU index of a MIG device, -1: a GPU or unused */
+    uint32_t gi, ci;
+    uint32_t pad;
+};
+
 struct fg_state {
     struct fg_header h;
     struct fg_devcfg cfg[FG_MAX_DEV];
@@ -179,6 +218,8 @@ struct fg_state {
     uint8_t live_map[FG_MAX_SLOTS];
     struct fg_slot slots[FG_MAX_SLOTS];
     struct fg_shared shared[FG_MAX_SHARED];
+    struct fg_mig mig[FG_MAX_GPU];
+    struct fg_unit unit[FG_MAX_DEV];
 };
 
 /* Whole-node configuration (parsed from FAKEGPU_CONFIG). */
@@ -190,7 +231,7 @@ struct fg_config {
     uint64_t util_window_ns;
     char driver_version[32];
     int32_t cuda_version;
-    struct fg_devcfg dev[FG_MAX_DEV];
+    struct fg_devcfg dev[FG_MAX_GPU];
 };
 
 /* fg_config.c */
@@ -250,6 +291,8 @@ void fg_reap_lazy(void);
 void fg_note_high(struct fg_state *st, int dev);
 int fg_slot_alive(int slot);
 uint64_t fg_now(void); /* CLOCK_MONOTONIC ns */
+uint64_t fg_dev_used(const struct fg_state *st, int dev); /* a MIG device: its GPU instance's */
+int fg_unit_live(const struct fg_state *st, int dev);       /* a GPU or an existing MIG device */
 uint64_t fg_dev_used(const struct fg_state *st, int dev); /* the running total (O(1)) */
 uint64_t fg_dev_used_scan(const struct fg_state *st, int dev); /* the same, summed over the slots */
 uint64_t fg_pdev_used(const struct fg_state *st, int slot, int dev);
@@ -302,8 +345,11 @@ int fg_shared_find_file(const struct fg_state *st, uint64_t ino, uint64_t fsdev)
 void fg_shared_drop(struct fg_state *st, int idx, int slot, int live);
 void fg_shared_release_slot(struct fg_state *st, int slot, int live);
 
-/* fg_visible.c: FAKEGPU_VISIBLE_DEVICES -> state indices; returns the count. */
+/* fg_visible.c: FAKEGPU_VISIBLE_DEVICES -> state indices of GPUs; returns the count.  A MIG UUID
+ * makes its parent GPU visible. */
 int fg_visible_map(const struct fg_state *st, int map[FG_MAX_DEV]);
+/* Whether this process may use MIG device `unit` (its GI and CI capabilities, fg_visible.c). */
+int fg_mig_visible(const struct fg_state *st, int unit);
 const char *fg_env(const char *name); /* getenv, else the driver file (fg_visible.c) */
 
 /* fg_pid.c: pid namespaces. */

@@ -10,6 +10,7 @@
  * FG_DRIVER_ENV (`KEY=VALUE` lines) -- the simulated toolkit's legacy hook cannot change a
  * container's environment (neither can NVIDIA's), so it bind-mounts that file instead. */
 #include "fg_state.h"
+#include "fg_mig.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -90,6 +91,9 @@ int fg_visible_map(const struct fg_state *st, int map[FG_MAX_DEV])
             for (unsigned i = 0; i < st->h.ndev; i++)
                 if (!strcmp(st->cfg[i].uuid, tok))
                     found = (int)i;
+            for (int u = (int)st->h.ndev; u < FG_MAX_DEV && found < 0; u++)
+                if (fg_unit_is_mig(st, u) && !strcmp(st->cfg[u].uuid, tok))
+                    found = fg_unit_root(st, u); /* a MIG device: its GPU, as NVML shows it */
         }
         for (int j = 0; j < n && found >= 0; j++)
             if (map[j] == found)
@@ -98,4 +102,40 @@ int fg_visible_map(const struct fg_state *st, int map[FG_MAX_DEV])
             map[n++] = found;
     }
     return n;
+}
+
+/* A MIG device is usable with access to its GPU and to its GI's and CI's capabilities (MIG user
+ * guide, "Device Nodes and Capabilities": "For a CUDA process to be able to run on top of MIG, it
+ * needs access to the Compute Instance capability and its parent GPU Instance").  Unset or "all":
+ * the host, which (root, CAP_SYS_ADMIN) has every capability.  A path: the GPU's node and
+ * `<path>/nvidia-caps/nvidia-cap<minor>` of the GI and the CI, the nodes NVIDIA's toolkit puts
+ * into a container for a MIG device.  A list: the MIG device's own UUID (a GPU's UUID or index
+ * gives the GPU, not its MIG devices). */
+int fg_mig_visible(const struct fg_state *st, int unit)
+{
+    if (!fg_unit_is_mig(st, unit))
+        return 0;
+    int gpu = fg_unit_root(st, unit);
+    const char *v = fg_env("FAKEGPU_VISIBLE_DEVICES");
+    if (!v || !strcmp(v, "all"))
+        return 1;
+    if (v[0] == '/') {
+        char node[1100];
+        unsigned minor = st->cfg[gpu].minor_number;
+        snprintf(node, sizeof(node), "%s/nvidia%u", v, minor);
+        if (access(node, F_OK) != 0)
+            return 0;
+        snprintf(node, sizeof(node), "%s/nvidia-caps/nvidia-cap%u", v, fg_mig_cap_minor(minor, st->unit[unit].gi, -1));
+        if (access(node, F_OK) != 0)
+            return 0;
+        snprintf(node, sizeof(node), "%s/nvidia-caps/nvidia-cap%u", v,
+                 fg_mig_cap_minor(minor, st->unit[unit].gi, (int)st->unit[unit].ci));
+        return access(node, F_OK) == 0;
+    }
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", v);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        if (!strcmp(st->cfg[unit].uuid, tok))
+            return 1;
+    return 0;
 }

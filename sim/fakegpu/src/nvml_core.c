@@ -2,6 +2,7 @@
  * Names and struct versions are those nvidia-ml-py 13.x calls (reference cuda-interception.md §5,
  * compute-shares.md §1): nvmlInitWithFlags, *_v2 count/handle, GetPciInfo_v3, GetMemoryInfo(_v2). */
 #include "fg_nvml.h"
+#include "fg_mig.h"
 
 #include <ctype.h>
 #include <pthread.h>
@@ -36,15 +37,33 @@ nvmlDevice_t fg_nvml_handle(int idx)
     return &g_devs[idx];
 }
 
+/* A MIG device this process may use, of a GPU NVML shows it. */
+int fg_nvml_mig_usable(int unit)
+{
+    struct fg_state *st = fg_g.st;
+    if (!fg_unit_is_mig(st, unit))
+        return 0;
+    int gpu = fg_unit_root(st, unit);
+    return g_devs[gpu].vis >= 0 && fg_mig_enabled(st, gpu) && fg_mig_visible(st, unit);
+}
+
 nvmlReturn_t fg_nvml_dev(nvmlDevice_t d, int dynamic, int *idx)
 {
     nvmlReturn_t rc = fg_nvml_check();
     if (rc)
         return rc;
-    if (!d || d < &g_devs[0] || d >= &g_devs[FG_MAX_DEV] || d->magic != DEV_MAGIC ||
-        (unsigned)d->index >= fg_g.st->h.ndev || d->vis < 0)
+    if (!d || d < &g_devs[0] || d >= &g_devs[FG_MAX_DEV] || d->magic != DEV_MAGIC)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (dynamic && __atomic_load_n(&fg_g.st->ds[d->index].lost, __ATOMIC_RELAXED))
+    struct fg_state *st = fg_g.st;
+    if ((unsigned)d->index < st->h.ndev) {
+        if (d->vis < 0)
+            return NVML_ERROR_INVALID_ARGUMENT;
+    } else if (!fg_nvml_mig_usable(d->index)) {
+        /* a MIG device handle whose compute instance is gone: "the MIG device handle would remain
+         * invalid and must be requested again" (nvml.h) */
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (dynamic && __atomic_load_n(&st->ds[fg_unit_root(st, d->index)].lost, __ATOMIC_RELAXED))
         return NVML_ERROR_GPU_IS_LOST;
     *idx = d->index;
     return NVML_SUCCESS;
@@ -189,6 +208,14 @@ FG_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *ou
     for (int v = 0; v < g_nvis; v++)
         if (!strcmp(fg_g.st->cfg[g_vis[v]].uuid, uuid))
             return give_handle(g_vis[v], out);
+    /* "The UUID of the target GPU or MIG instance" (nvml.h) */
+    for (int u = (int)fg_g.st->h.ndev; u < FG_MAX_DEV; u++)
+        if (fg_nvml_mig_usable(u) && !strcmp(fg_g.st->cfg[u].uuid, uuid)) {
+            if (__atomic_load_n(&fg_g.st->ds[fg_unit_root(fg_g.st, u)].lost, __ATOMIC_RELAXED))
+                return NVML_ERROR_GPU_IS_LOST;
+            *out = &g_devs[u];
+            return NVML_SUCCESS;
+        }
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -235,6 +262,18 @@ FG_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *out)
         return rc;
     if (!out)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (fg_unit_is_mig(fg_g.st, i)) {
+        /* "indices that can be passed to nvmlDeviceGetMigDeviceHandleByIndex" (nvml.h) */
+        int units[FG_MAX_DEV], n = fg_mig_units(fg_g.st, fg_unit_root(fg_g.st, i), units), k = 0;
+        for (int j = 0; j < n; j++) {
+            if (units[j] == i) {
+                *out = (unsigned)k;
+                return NVML_SUCCESS;
+            }
+            k += fg_nvml_mig_usable(units[j]);
+        }
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
     *out = (unsigned)d->vis;
     return NVML_SUCCESS;
 }
@@ -276,58 +315,6 @@ FG_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *majo
     *major = (int)fg_g.st->cfg[i].cc_major;
     *minor = (int)fg_g.st->cfg[i].cc_minor;
     return NVML_SUCCESS;
-}
-
-FG_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending)
-{
-    int i;
-    nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
-    if (rc)
-        return rc;
-    if (!cur || !pending)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *cur = *pending = 0; /* NVML_DEVICE_MIG_DISABLE */
-    return NVML_SUCCESS;
-}
-
-/* The simulated GPUs are MIG-capable GPUs with MIG disabled (nvmlDeviceGetMigMode above), so the
- * MIG queries answer as the real driver does then.  nvml.h: nvmlDeviceGetMaxMigDeviceCount
- * "Returns zero if MIG is not supported or enabled" (NVML_SUCCESS); go-nvlib's VisitMigDevices
- * (pkg/nvlib/device/device.go) calls it on every MIG-capable device and fails on any other code. */
-FG_API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
-{
-    int i;
-    nvmlReturn_t rc = fg_nvml_dev(d, 0, &i);
-    if (rc)
-        return rc;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *count = 0;
-    return NVML_SUCCESS;
-}
-
-/* Every handle the simulation gives out is a full GPU, never a MIG device. */
-FG_API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig)
-{
-    int i;
-    nvmlReturn_t rc = fg_nvml_dev(d, 0, &i);
-    if (rc)
-        return rc;
-    if (!is_mig)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *is_mig = 0;
-    return NVML_SUCCESS;
-}
-
-/* No MIG device exists, so no MIG handle can be passed: the real driver's answer to a full GPU. */
-FG_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *out)
-{
-    int i;
-    (void)index;
-    nvmlReturn_t rc = fg_nvml_dev(d, 0, &i);
-    if (rc)
-        return rc;
-    return out ? NVML_ERROR_NOT_FOUND : NVML_ERROR_INVALID_ARGUMENT;
 }
 
 /* nvmlPciInfo_t (v3): busIdLegacy[16], domain, bus, device, pciDeviceId, pciSubSystemId, busId[32] */
@@ -386,9 +373,17 @@ static nvmlReturn_t memory(nvmlDevice_t d, uint64_t *total, uint64_t *reserved, 
     struct fg_state *st = fg_g.st;
     uint64_t live[FG_MASK_WORDS], u = 0;
     fg_live_mask(st, live);
-    for (int s = 0; s < FG_MAX_SLOTS; s++)
-        if (fg_mask_has(live, s))
-            u += fg_pdev_used(st, s, i);
+    /* a MIG device: its GPU instance's memory; a GPU in MIG mode: the aggregate of its instances
+     * ("In MIG mode, if device handle is provided, the API returns aggregate information", nvml.h) */
+    int gpu = fg_unit_root(st, i), mig = fg_unit_is_mig(st, i);
+    for (int d = 0; d < FG_MAX_DEV; d++) {
+        if (d != i && !(fg_unit_is_mig(st, d) && st->unit[d].parent == gpu &&
+                        (!mig || st->unit[d].gi == st->unit[i].gi)))
+            continue;
+        for (int s = 0; s < FG_MAX_SLOTS; s++)
+            if (fg_mask_has(live, s))
+                u += fg_pdev_used(st, s, d);
+    }
     *used = u;
     *total = st->cfg[i].memory;
     *reserved = st->cfg[i].reserved;
@@ -453,6 +448,7 @@ static const struct {
     {NVML_ERROR_IN_USE, "In use by another client"},
     {NVML_ERROR_MEMORY, "Insufficient Memory"},
     {NVML_ERROR_NO_DATA, "No data"},
+    {NVML_ERROR_INSUFFICIENT_RESOURCES, "Insufficient Resources"},
     {NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "Argument version mismatch"},
     {NVML_ERROR_UNKNOWN, "Unknown Error"},
 };

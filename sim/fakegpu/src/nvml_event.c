@@ -1,6 +1,7 @@
 /* fakegpu libnvidia-ml: event sets.  XIDs are injected into the shared state by fakegpu-ctl
  * (`xid INDEX XID`, and XID 79 "fallen off the bus" by `lost INDEX`); a set registered for
  * nvmlEventTypeXidCriticalError on a device receives the XIDs injected after registration. */
+#include "fg_mig.h"
 #include "fg_nvml.h"
 
 #include <pthread.h>
@@ -73,6 +74,10 @@ FG_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long 
         return NVML_ERROR_INVALID_ARGUMENT;
     if (types & ~NVML_EVENTS_SUPPORTED)
         return NVML_ERROR_NOT_SUPPORTED;
+    /* nvml.h: "This API does not currently support per-instance event reporting using MIG device
+     * handles"; a GPU's set gets its MIG instances' events with their GI and CI ids. */
+    if (fg_unit_is_mig(fg_g.st, i))
+        return NVML_ERROR_NOT_SUPPORTED;
     uint64_t seq = __atomic_load_n(&fg_g.st->ds[i].xid_seq, __ATOMIC_ACQUIRE);
     pthread_mutex_lock(&g_emu);
     if (!(s->mask[i] & NVML_EVENT_XID))
@@ -122,8 +127,10 @@ static int poll_once(struct nvml_evset *s, fg_event_data *out, int full)
         out->device = fg_nvml_handle(best);
         out->eventType = NVML_EVENT_XID;
         out->eventData = x->xid;
-        if (full)
-            out->gpuInstanceId = out->computeInstanceId = NVML_NO_INSTANCE;
+        if (full) {
+            out->gpuInstanceId = x->gi;
+            out->computeInstanceId = x->ci;
+        }
         got = 1;
         break;
     }

@@ -7,6 +7,7 @@
  * CLOCK_REALTIME µs; smUtil = percent of the period).  lastSeenTimeStamp returns only newer
  * samples; none: NVML_ERROR_NOT_FOUND (nvml.h).  Samples of a process that is gone are gone.
  */
+#include "fg_mig.h"
 #include "fg_nvml.h"
 
 #include <pthread.h>
@@ -49,8 +50,15 @@ _Static_assert(sizeof(fg_utils_info) == 24, "utils info size");
 struct row {
     unsigned pid;
     uint64_t mem;
+    unsigned gi, ci;
 };
 
+#define MAX_ROWS (FG_MAX_SLOTS * 8)
+
+/* The processes of a GPU, a MIG device, or in MIG mode of all the GPU's MIG devices ("In MIG mode,
+ * if device handle is provided, the API returns aggregate information ... Per-instance
+ * information can be queried by using specific MIG device handles", nvml.h), each with its GPU
+ * and compute instance IDs (0xFFFFFFFF outside MIG). */
 static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
 {
     int i;
@@ -61,23 +69,41 @@ static nvmlReturn_t collect(nvmlDevice_t d, struct row *rows, unsigned *n)
     struct fg_state *st = fg_g.st;
     uint64_t live[FG_MASK_WORDS];
     fg_live_mask(st, live);
+    int units[FG_MAX_DEV], nu = 1;
+    units[0] = i;
+    if (!fg_unit_is_mig(st, i) && fg_mig_enabled(st, i))
+        nu = fg_mig_units(st, i, units);
     *n = 0;
-    for (int s = 0; s < FG_MAX_SLOTS; s++) {
-        if (!fg_mask_has(live, s) || st->slots[s].dev[i].contexts == 0)
-            continue;
-        int pid = fg_visible_pid(st, s);
-        if (pid <= 0)
-            continue;
-        rows[*n].pid = (unsigned)pid;
-        rows[*n].mem = fg_pdev_used(st, s, i);
-        (*n)++;
+    for (int k = 0; k < nu; k++) {
+        int u = units[k], mig = fg_unit_is_mig(st, u);
+        for (int s = 0; s < FG_MAX_SLOTS && *n < MAX_ROWS; s++) {
+            if (!fg_mask_has(live, s) || st->slots[s].dev[u].contexts == 0)
+                continue;
+            int pid = fg_visible_pid(st, s);
+            if (pid <= 0)
+                continue;
+            rows[*n].pid = (unsigned)pid;
+            rows[*n].mem = fg_pdev_used(st, s, u);
+            rows[*n].gi = mig ? st->unit[u].gi : NVML_NO_INSTANCE;
+            rows[*n].ci = mig ? st->unit[u].ci : NVML_NO_INSTANCE;
+            (*n)++;
+        }
     }
     return NVML_SUCCESS;
 }
 
+/* nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently supported",
+ * "On MIG-enabled GPUs, querying process utilization is not currently supported" -- for the GPU
+ * and for its MIG devices (nvidia-smi shows N/A). */
+static int mig_no_utilization(int i)
+{
+    struct fg_state *st = fg_g.st;
+    return fg_unit_is_mig(st, i) || fg_mig_enabled(st, i);
+}
+
 static nvmlReturn_t procs(nvmlDevice_t d, unsigned *count, void *infos, int v1)
 {
-    struct row rows[FG_MAX_SLOTS];
+    struct row rows[MAX_ROWS];
     unsigned n;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -99,7 +125,8 @@ static nvmlReturn_t procs(nvmlDevice_t d, unsigned *count, void *infos, int v1)
             memset(p, 0, sizeof(*p));
             p->pid = rows[k].pid;
             p->usedGpuMemory = rows[k].mem;
-            p->gpuInstanceId = p->computeInstanceId = NVML_NO_INSTANCE;
+            p->gpuInstanceId = rows[k].gi;
+            p->computeInstanceId = rows[k].ci;
         }
     }
     *count = n;
@@ -194,6 +221,8 @@ static nvmlReturn_t gather(nvmlDevice_t d, unsigned long long last, unsigned *n,
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
+    if (mig_no_utilization(i))
+        return NVML_ERROR_NOT_SUPPORTED;
     /* lock-free (fg_live.c): only periods the simulation has settled are reported, so a
      * sample is never a partial period (lastSeenTimeStamp would hide its final value) */
     uint64_t live[FG_MASK_WORDS], settled;
@@ -309,6 +338,8 @@ FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, fg_utilization
     nvmlReturn_t rc = fg_nvml_dev(d, 1, &i);
     if (rc)
         return rc;
+    if (mig_no_utilization(i))
+        return NVML_ERROR_NOT_SUPPORTED;
     uint64_t settled; /* lock-free (fg_live.c) */
     int snap;
     struct fg_state *st = fg_sim_view(i, &settled, &snap);

@@ -197,6 +197,53 @@ def fakegpu_devices(config_path: str) -> list[dict[str, Any]]:
     return devs or [default(i) for i in range(gpus)]
 
 
+def fakegpu_mig(fg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs in MIG mode and their MIG devices, from the simulated driver's state
+    (`fakegpu-ctl dump`): [{index, minor, migs: [{index, uuid, gi, ci}]}], the MIG devices in
+    NVML's MIG index order (GPU instance ID, then compute instance ID).  No state: none."""
+    state = fg.get("state") or ""
+    ctl = os.path.join(fg.get("lib_dir") or "", "fakegpu-ctl")
+    if not state or not os.path.isfile(state) or not os.access(ctl, os.X_OK):
+        return []
+    env = dict(os.environ, FAKEGPU_STATE=state, FAKEGPU_CONFIG=fg.get("config") or "")
+    env.pop("FAKEGPU_VISIBLE_DEVICES", None)
+    import subprocess
+
+    proc = subprocess.run([ctl, "dump"], env=env, capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise ToolkitError(f"fakegpu-ctl dump: {proc.stderr.strip()}")
+    dump = json.loads(proc.stdout)
+    minors = {d["index"]: d.get("minor_number", d["index"]) for d in dump["devices"]}
+    out = []
+    for g in dump.get("mig", []):
+        if g["mode"] != 1:
+            continue
+        migs = sorted(
+            ({"uuid": ci["uuid"], "gi": gi["id"], "ci": ci["id"]} for gi in g["gpu_instances"]
+             for ci in gi["compute_instances"]),
+            key=lambda m: (m["gi"], m["ci"]),
+        )  # fmt: skip
+        for j, m in enumerate(migs):
+            m["index"] = j
+        out.append({"index": g["index"], "minor": minors[g["index"]], "migs": migs})
+    return out
+
+
+def cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
+    """/proc/driver/nvidia-caps/mig-minors: `gpu<m>/gi<g>/access` and `.../ci<c>/access` (MIG user guide)."""
+    return 3 + gpu_minor * 135 + gi * 9 + (0 if ci is None else 1 + ci)
+
+
+def _mig_nodes(minor: int, m: dict[str, Any]) -> list[dict[str, Any]]:
+    """A MIG device's nodes: its GPU's and the GPU instance's and compute instance's capability
+    (internal/platform-support/dgpu/nvml.go: newNvmlMigDiscoverer)."""
+    return [
+        _node(f"/dev/nvidia{minor}"),
+        _node(f"/dev/nvidia-caps/nvidia-cap{cap_minor(minor, m['gi'])}"),
+        _node(f"/dev/nvidia-caps/nvidia-cap{cap_minor(minor, m['gi'], m['ci'])}"),
+    ]
+
+
 def _node(path: str) -> dict[str, Any]:
     # The stand-in device node: /dev/null's numbers under NVIDIA's name.  The simulated libraries
     # see the GPUs whose /dev/nvidia<minor> exists (FAKEGPU_VISIBLE_DEVICES=/dev), as the real
@@ -253,14 +300,25 @@ def generate_spec(fg: dict[str, Any], kind: str = DEFAULT_KIND) -> dict[str, Any
     tests/data/real-traces/nvidia-toolkit/cdi-spec/nvidia.com-gpu.json; with two, the real
     generator on the simulated NVML wrote 0, 1, GPU-.., GPU-.., all), and the common edits."""
     gpus = fakegpu_devices(fg["config"])
+    mig = {g["index"]: g for g in fakegpu_mig(fg)}
     devices = []
+    every: list[dict[str, Any]] = []
     for g in gpus:
+        if g["index"] in mig:
+            # lib-nvml.go: getDeviceSpecGeneratorsForAllDevices skips a GPU in MIG mode; each MIG
+            # device is named `<gpu>:<mig index>` and by its UUID (namer.go), recorded in
+            # tests/data/nvidia-ctk-mig/
+            for m in mig[g["index"]]["migs"]:
+                edits = {"deviceNodes": _mig_nodes(g["minor"], m)}
+                devices.append({"name": f"{g['index']}:{m['index']}", "containerEdits": edits})
+                devices.append({"name": m["uuid"], "containerEdits": edits})
+                every += [n for n in edits["deviceNodes"] if n not in every]
+            continue
         edits = {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}")]}
         devices.append({"name": str(g["index"]), "containerEdits": edits})
         devices.append({"name": g["uuid"], "containerEdits": edits})
-    devices.append(
-        {"name": "all", "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}") for g in gpus]}}
-    )
+        every += [n for n in edits["deviceNodes"] if n not in every]
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": every}})
     return _sorted_spec({"cdiVersion": "0.5.0", "kind": kind, "devices": devices, "containerEdits": common_edits(fg)})
 
 
@@ -270,6 +328,10 @@ def jit_spec(fg: dict[str, Any], ids: list[str]) -> dict[str, Any]:
     every GPU, else an index or UUID; unknown ones fail; no ids means `all`, wrapper.go: GetSpec)."""
     gpus = fakegpu_devices(fg["config"])
     by_id = {str(g["index"]): g for g in gpus} | {g["uuid"]: g for g in gpus}
+    migs: dict[str, dict[str, Any]] = {}
+    for g in fakegpu_mig(fg):  # a MIG UUID or `<gpu>:<mig index>` (lib-nvml.go: normalizeDeviceID)
+        for m in g["migs"]:
+            migs[m["uuid"]] = migs[f"{g['index']}:{m['index']}"] = {"minor": g["minor"], **m}
     devices: list[dict[str, Any]] = []
     for i in ids or ["all"]:
         if i == "none":
@@ -279,6 +341,10 @@ def jit_spec(fg: dict[str, Any], ids: list[str]) -> dict[str, Any]:
             devices = [{"name": str(g["index"]), "containerEdits": {"deviceNodes": [_node(f"/dev/nvidia{g['minor']}")]}}
                        for g in gpus]  # fmt: skip
             break
+        if i in migs:
+            m = migs[i]
+            devices.append({"name": m["uuid"], "containerEdits": {"deviceNodes": _mig_nodes(m["minor"], m)}})
+            continue
         g = by_id.get(i)
         if g is None:
             raise ToolkitError(
