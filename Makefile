@@ -16,7 +16,7 @@ PYTEST_ARGS ?= --durations=40
 # Every fragment appends its outputs to ALL_TARGETS.
 ALL_TARGETS :=
 
-.PHONY: all venv test test-frameworks test-cluster lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler bench-dra deb rpm test-asan
+.PHONY: all venv test test-frameworks test-cluster lint demo clean proto bench-intercept bench-hook bench-plugin bench-shares bench-scheduler bench-dra bench-oversub deb rpm test-asan
 
 all: build-all
 
@@ -98,6 +98,8 @@ bench-scheduler: venv
 	$(PY) tests/bench/bench_scheduler.py
 bench-dra: venv build-all
 	$(PY) tests/bench/bench_dra.py
+bench-oversub: venv build-all
+	$(PY) tests/bench/bench_oversub.py
 
 # --- generated gRPC code of the device plugin (committed; regenerate after editing the .proto) ---
 proto: venv

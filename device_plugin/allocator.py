@@ -117,12 +117,14 @@ def slice_for(table: DeviceTable, device_ids: Sequence[str]) -> Slice:
     gpus = []
     for uuid, ids in grouped.items():
         total = table.gpus[uuid].info.memory_total
+        memory = s.memory_for(total, len(ids))
         gpus.append(
             AllocatedGPU(
                 uuid=uuid,
-                memory_limit=s.memory_for(total, len(ids)),
+                memory_limit=memory,
                 core_percent=s.cores_for(len(ids)),
                 vgpu_ids=list(ids),
+                device_limit=s.device_share(memory),
             )
         )
     return Slice(gpus=gpus)

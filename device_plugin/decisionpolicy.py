@@ -179,9 +179,16 @@ def decided_slice(table: DeviceTable, device_ids: Sequence[str], container: Cont
     for g in container.gpus:
         if g.uuid not in ids_for:
             ids_for[g.uuid] = rest.pop(0)
+    s = table.slicing
     return Slice(
         gpus=[
-            AllocatedGPU(uuid=g.uuid, memory_limit=g.memory, core_percent=g.cores, vgpu_ids=[ids_for[g.uuid]])
+            AllocatedGPU(
+                uuid=g.uuid,
+                memory_limit=g.memory,
+                core_percent=g.cores,
+                vgpu_ids=[ids_for[g.uuid]],
+                device_limit=s.device_share(g.memory),  # gpumem x 1/S may be on the GPU
+            )
             for g in container.gpus
         ]
     )

@@ -38,6 +38,7 @@ from dra_plugin import checkpoint as ckpt
 from dra_plugin.claimstate import ClaimState, new_metadata
 from dra_plugin.config import Settings
 from nodecore.core import NodeCore
+from nodecore.devices import Slicing
 from nodecore.records import RecordStore
 from vgpu.log import kv
 from vgpu.schemas import AllocatedGPU, AllocationRecord, ClaimDevice, PodRef
@@ -64,20 +65,31 @@ def share_vgpu_id(claim_uid: str, s: claims.Share) -> str:
     return f"{s.uuid}::dra:{claim_uid}:{s.share_id or s.request}"
 
 
-def merge(claim_uid: str, shares: Sequence[claims.Share], cores_cap: int) -> list[AllocatedGPU]:
+def merge(
+    claim_uid: str, shares: Sequence[claims.Share], cores_cap: int, slicing: Slicing | None = None
+) -> list[AllocatedGPU]:
     """A claim's entries of its allocation record: per GPU, in order of first appearance, the
     memory and cores of its shares added up (cores at most the GPU's whole compute; as several
-    vGPUs of one GPU in one container on the device-plugin path), one vGPU ID per share."""
+    vGPUs of one GPU in one container on the device-plugin path), one vGPU ID per share. The
+    physical share (`device_limit`) is the sum of each share's (`Slicing.device_share`: the
+    consumed `memory` over the memory scaling), so the shares placed on a GPU of capacity S*M
+    never hold more than M of it on the device."""
     gpus: dict[str, AllocatedGPU] = {}
     for s in shares:
         g = gpus.get(s.uuid)
         vid = share_vgpu_id(claim_uid, s)
+        dev = slicing.device_share(s.memory) if slicing is not None else s.memory
         if g is None:
             gpus[s.uuid] = AllocatedGPU(
-                uuid=s.uuid, memory_limit=s.memory, core_percent=min(s.cores, cores_cap), vgpu_ids=[vid]
+                uuid=s.uuid,
+                memory_limit=s.memory,
+                core_percent=min(s.cores, cores_cap),
+                vgpu_ids=[vid],
+                device_limit=dev,
             )
         else:
             g.memory_limit += s.memory
+            g.device_limit = (g.device_limit or 0) + dev
             g.core_percent = min(g.core_percent + s.cores, cores_cap)
             g.vgpu_ids.append(vid)
     return list(gpus.values())
@@ -350,7 +362,7 @@ class Driver:
     def _make(
         self, ref: ClaimRef, shares: list[claims.Share], claim: claims.ResourceClaim | None
     ) -> ckpt.PreparedClaim:
-        gpus = merge(ref.uid, shares, self.cores_cap)
+        gpus = merge(ref.uid, shares, self.cores_cap, self.cfg.slicing)
         share_list = [
             ClaimDevice(
                 request=s.request,

@@ -1,9 +1,12 @@
-"""Memory backstop: what NVML sees a container use on a GPU vs its limit.
+"""Memory backstop: what NVML sees a container use on a GPU vs its physical share.
 
 The library enforces the limit on what passes through it; the backstop
 catches what does not (a process that bypasses the library, a leak in
-contexts or modules).  A container whose NVML-observed memory on a GPU stays
-above limit + tolerance for longer than the grace period is acted on:
+contexts or modules).  NVML counts device-resident memory, so the bound is the
+container's physical share (the limits file's device_limit: the slice itself
+without oversubscription; with memory scaling S > 1 the slice / S, whatever it
+holds in host memory beyond).  A container whose NVML-observed memory on a GPU
+stays above that + tolerance for longer than the grace period is acted on:
 `log` (one line and a metric per episode) or `kill` (SIGKILL its largest
 process on that GPU, by (pid, start time), then start a new grace period).
 """

@@ -96,8 +96,26 @@ class Container:
         return float(lim.core_percent) if lim else None
 
     def memory_limit(self, uuid: str) -> int | None:
+        """The slice: device- and host-resident bytes together."""
         lim = self.limits.get(uuid)
         return lim.memory_limit if lim else None
+
+    def device_limit(self, uuid: str) -> int | None:
+        """The physical share: what may be resident on the GPU (the slice without oversubscription)."""
+        lim = self.limits.get(uuid)
+        return lim.device_limit if lim else None
+
+    def host_bytes(self, uuid: str) -> int:
+        """Host-resident (oversubscribed) bytes the library charged on this GPU, from the region. The
+        region is the container's to write: this is only reported, never acted on, and at most the
+        slice (what the library would have let it charge)."""
+        snap, lim = self.region, self.limits.get(uuid)
+        if snap is None or lim is None:
+            return 0
+        for j, d in enumerate(snap.devices):
+            if d.uuid.lower() == uuid.lower():
+                return min(sum(s.host_bytes[j] for s in snap.slots if j < len(s.host_bytes)), lim.memory_limit)
+        return 0
 
 
 def _mtime(path: str) -> float:
@@ -229,7 +247,11 @@ class Registry:
             if c.metadata is not None:  # fall back to the GPUs of the metadata
                 for g in c.metadata.gpus:
                     lim[g.uuid] = vlimits.DeviceLimit(
-                        uuid=g.uuid, memory_limit=g.memory_limit, core_percent=g.core_percent, oversubscribe=False
+                        uuid=g.uuid,
+                        memory_limit=g.memory_limit,
+                        core_percent=g.core_percent,
+                        oversubscribe=False,
+                        device_limit=g.device_limit,
                     )
         except (OSError, vlimits.LimitsError) as e:
             c.error = f"limits: {e}"

@@ -242,7 +242,8 @@ class Monitor:
             for cid, keys in g.members.items():
                 owner = self.containers.get(cid)
                 if owner is not None:
-                    self.backstop.check(cid, g.uuid, sum(keys.values()), owner.memory_limit(g.uuid), keys, now)
+                    # NVML sees device-resident memory: judged against the physical share
+                    self.backstop.check(cid, g.uuid, sum(keys.values()), owner.device_limit(g.uuid), keys, now)
 
     def _members(self, obs: GpuObs, live: set[ProcKey]) -> tuple[dict[str, dict[ProcKey, int]], dict[int, str]]:
         """({container: {process: bytes}}, {pid: container}) of the processes NVML lists."""

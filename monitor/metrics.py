@@ -13,6 +13,7 @@ per MIG device (labels gpu, uuid, parent_uuid):
 per container and GPU (labels container_id, namespace, pod, container, claim, gpu, uuid), for every
 GPU the container is allocated on (used 0 while it has no process there) or has a process on:
   vgpu_container_memory_used_bytes, vgpu_container_memory_limit_bytes,
+  vgpu_container_memory_device_limit_bytes, vgpu_container_memory_host_bytes,
   vgpu_container_sm_use_percent, vgpu_container_sm_share_percent,
   vgpu_container_duty_ratio
 per container (labels container_id, namespace, pod, container, claim):
@@ -62,7 +63,19 @@ class SnapshotCollector:
         cmu = GaugeMetricFamily(
             "vgpu_container_memory_used_bytes", "GPU memory of the container's processes (NVML)", labels=cl
         )
-        cml = GaugeMetricFamily("vgpu_container_memory_limit_bytes", "the container's GPU memory limit", labels=cl)
+        cml = GaugeMetricFamily(
+            "vgpu_container_memory_limit_bytes", "the container's GPU memory limit (its slice)", labels=cl
+        )
+        cmd = GaugeMetricFamily(
+            "vgpu_container_memory_device_limit_bytes",
+            "the container's physical share: what may be resident on the GPU",
+            labels=cl,
+        )
+        cmh = GaugeMetricFamily(
+            "vgpu_container_memory_host_bytes",
+            "oversubscribed bytes the container holds in host memory (the library's count, from the region)",
+            labels=cl,
+        )
         csu = GaugeMetricFamily("vgpu_container_sm_use_percent", "SM use over the window", labels=cl)
         css = GaugeMetricFamily("vgpu_container_sm_share_percent", "the container's compute share", labels=cl)
         cdr = GaugeMetricFamily("vgpu_container_duty_ratio", "fraction of each cycle the container runs", labels=cl)
@@ -87,11 +100,14 @@ class SnapshotCollector:
                 cmu.add_metric(v, r["memory_used"])
                 if r["memory_limit"] is not None:
                     cml.add_metric(v, r["memory_limit"])
+                if r.get("memory_device_limit") is not None:
+                    cmd.add_metric(v, r["memory_device_limit"])
+                cmh.add_metric(v, r.get("memory_host", 0))
                 csu.add_metric(v, r["sm_use"])
                 if r["share"] is not None:
                     css.add_metric(v, r["share"])
                 cdr.add_metric(v, r["duty"])
-        yield from (up, mt, mu, ut, cmu, cml, csu, css, cdr, mi, me)
+        yield from (up, mt, mu, ut, cmu, cml, cmd, cmh, csu, css, cdr, mi, me)
 
         sus = GaugeMetricFamily("vgpu_container_suspended", "1 while the container is suspended", labels=CLABELS)
         sec = CounterMetricFamily(

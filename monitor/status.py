@@ -109,6 +109,8 @@ def _gpu_row(mon: Monitor, g: GpuState) -> dict[str, Any]:
                 "pids": sorted(k.pid for k in keys),
                 "memory_used": sum(keys.values()),
                 "memory_limit": c.memory_limit(g.uuid),
+                "memory_device_limit": c.device_limit(g.uuid),
+                "memory_host": c.host_bytes(g.uuid),
                 "sm_use": round(g.use.get(cid, 0.0), 2),
                 "share": c.share(g.uuid),
                 "effective_share": g.ctl.targets.get(cid),
@@ -120,7 +122,13 @@ def _gpu_row(mon: Monitor, g: GpuState) -> dict[str, Any]:
     # Containers allocated on this GPU with no process on it (not started yet, between
     # jobs, or done): their series stay, used 0, for as long as the allocation exists.
     allocated = [
-        {**c.labels(), "memory_limit": c.memory_limit(g.uuid), "share": c.share(g.uuid)}
+        {
+            **c.labels(),
+            "memory_limit": c.memory_limit(g.uuid),
+            "memory_device_limit": c.device_limit(g.uuid),
+            "memory_host": c.host_bytes(g.uuid),
+            "share": c.share(g.uuid),
+        }
         for c in sorted(mon.containers.values(), key=lambda x: x.id)
         if c.id not in g.members and c.memory_limit(g.uuid) is not None
     ]

@@ -8,7 +8,10 @@ GPUs and their health.
 vGPU IDs are `<GPU-UUID>::<i>` (i in 0..K-1), the form NVIDIA's time-slicing
 replicas use; the physical UUID is everything before the last `::`.
 A vGPU of a GPU with M bytes gets floor(S*M/K) bytes (S = memory scaling) and
-100*C/K percent of compute (C = cores scaling).
+100*C/K percent of compute (C = cores scaling). With S > 1 only floor(slice / S) of a slice may be
+resident on the GPU (its physical share, `device_share`): the K shares of a GPU never add up to
+more than M, so no container's VRAM is taken by a neighbour's oversubscription; the rest of the
+slice lives in host memory (docs/developers/intercept.md, "Virtual device memory").
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ class Slicing:
     def memory_for(self, total: int, n: int) -> int:
         """Memory of n vGPUs of one GPU merged into one slice: the sum of their slices."""
         return n * self.memory_per_vgpu(total)
+
+    def device_share(self, memory: int) -> int:
+        """The physical share of a slice of `memory` bytes: what may be resident on the GPU,
+        floor(memory / S) with S > 1 (K slices of floor(S*M/K) then hold at most M together),
+        the slice itself otherwise."""
+        if self.memory_scaling <= 1.0:
+            return memory
+        return min(memory, math.floor(memory / self.memory_scaling))
 
     def cores_for(self, n: int) -> int:
         """Compute share in percent of n vGPUs of one GPU: floor(n * 100 * C / K)."""

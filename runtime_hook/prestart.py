@@ -39,6 +39,10 @@ def load_record(p: vpaths.Paths, token: str) -> schemas.AllocationRecord:
         raise HookError(f"vGPU allocation record {path} belongs to another token")
     if not rec.gpus:
         raise HookError(f"vGPU allocation record {path} lists no GPU")
+    try:
+        vlimits.from_record(rec)  # an oversubscribed record must say how much may be on the GPU
+    except vlimits.LimitsError as e:
+        raise HookError(f"vGPU allocation record {path}: {oci.oneline(str(e))}") from None
     return rec
 
 

@@ -52,7 +52,8 @@ STRUCTS: dict[str, tuple[tuple[str, str, int], ...]] = {
         ("flags", "I", 1),
         ("used_device", "Q", 1),
         ("used_host", "Q", 1),
-        ("reserved", "Q", 4),
+        ("device_limit", "Q", 1),
+        ("reserved", "Q", 3),
     ),
     "vgpu_slot_device": (
         ("device_bytes", "Q", 1),
@@ -191,7 +192,9 @@ def render_header(limits: Iterable[DeviceLimit], created: int) -> bytearray:
             raise ValueError(f"device {d.uuid[:40]!r}: limit out of range")
         flags = DEV_OVERSUBSCRIBE if d.oversubscribe else 0
         # "96s" pads with NULs: the C string is NUL-terminated
-        DEVICE.pack_into(buf, device_offset(i), u, d.memory_limit, d.core_percent, flags, 0, 0, 0, 0, 0, 0)
+        if not 0 <= d.device_limit <= _U64:
+            raise ValueError(f"device {d.uuid[:40]!r}: device limit out of range")
+        DEVICE.pack_into(buf, device_offset(i), u, d.memory_limit, d.core_percent, flags, 0, 0, d.device_limit, 0, 0, 0)
     return buf
 
 
@@ -233,10 +236,17 @@ def initialise(
 
 
 class DeviceUsage:
-    __slots__ = ("core_percent", "memory_limit", "oversubscribe", "used_device", "used_host", "uuid")
+    __slots__ = ("core_percent", "device_limit", "memory_limit", "oversubscribe", "used_device", "used_host", "uuid")
 
     def __init__(
-        self, uuid: str, memory_limit: int, core_percent: int, oversubscribe: bool, used_device: int, used_host: int
+        self,
+        uuid: str,
+        memory_limit: int,
+        core_percent: int,
+        oversubscribe: bool,
+        used_device: int,
+        used_host: int,
+        device_limit: int = 0,
     ) -> None:
         self.uuid = uuid
         self.memory_limit = memory_limit
@@ -244,6 +254,7 @@ class DeviceUsage:
         self.oversubscribe = oversubscribe
         self.used_device = used_device
         self.used_host = used_host
+        self.device_limit = device_limit or memory_limit  # 0: a region written before the field
 
     def __repr__(self) -> str:
         return f"DeviceUsage({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
@@ -328,7 +339,7 @@ def parse(buf: bytes | bytearray) -> RegionSnapshot:
         raise RegionCorrupt(f"num_slots {ns} != {MAX_SLOTS}")
     devices: list[DeviceUsage] = []
     for i in range(nd):
-        raw, limit, pct, flags, used_device, used_host, *_ = DEVICE.unpack_from(buf, device_offset(i))
+        raw, limit, pct, flags, used_device, used_host, device_limit, *_ = DEVICE.unpack_from(buf, device_offset(i))
         if b"\0" in raw:
             raw = raw[: raw.index(b"\0")]
         try:
@@ -339,7 +350,9 @@ def parse(buf: bytes | bytearray) -> RegionSnapshot:
             raise RegionCorrupt(f"device {i}: invalid uuid")
         if pct > 10_000:
             raise RegionCorrupt(f"device {i}: core_percent {pct} out of range")
-        devices.append(DeviceUsage(uuid, limit, pct, bool(flags & DEV_OVERSUBSCRIBE), used_device, used_host))
+        devices.append(
+            DeviceUsage(uuid, limit, pct, bool(flags & DEV_OVERSUBSCRIBE), used_device, used_host, device_limit)
+        )
     slots: list[SlotInfo] = []
     for i in range(MAX_SLOTS):
         off = slot_offset(i)

@@ -65,6 +65,15 @@ def _int(lo: int = _INT_MIN, hi: int = _UINT_MAX) -> Callable[[object, str], int
     return check
 
 
+def _opt_int(lo: int = 0, hi: int = _UINT_MAX) -> Callable[[object, str], int | None]:
+    check_int = _int(lo, hi)
+
+    def check(v: object, where: str) -> int | None:
+        return None if v is None else check_int(v, where)
+
+    return check
+
+
 def _float(v: object, where: str) -> float:
     if type(v) is int:
         v = float(v)
@@ -147,7 +156,15 @@ class Schema:
         return self
 
     def to_builtins(self) -> dict[str, Any]:
-        return {name: _builtins(getattr(self, name)) for name, _, _ in self.FIELDS}
+        """An optional field (default None) that is None is left out: a document without it
+        reads the same, and one written before the field existed is written back unchanged."""
+        out = {}
+        for name, _, default in self.FIELDS:
+            v = getattr(self, name)
+            if v is None and default is None:
+                continue
+            out[name] = _builtins(v)
+        return out
 
     def encode(self) -> bytes:
         return jsonfast.dumps(self.to_builtins())
@@ -176,19 +193,35 @@ def _builtins(v: object) -> object:
 
 
 class AllocatedGPU(Schema):
-    """One physical GPU of an allocation, with the container's slice of it."""
+    """One physical GPU of an allocation, with the container's slice of it.
 
-    __slots__ = ("core_percent", "memory_limit", "uuid", "vgpu_ids")
+    `memory_limit` is the slice (bytes the container may hold, device- and host-resident);
+    `device_limit` its physical share, the bytes that may be resident on the GPU (at most the
+    slice; the slice over the memory scaling when it oversubscribes). None (a record written
+    before the field existed) means the slice itself, which is only valid without
+    oversubscription (vgpu.limits.from_gpu)."""
+
+    __slots__ = ("core_percent", "device_limit", "memory_limit", "uuid", "vgpu_ids")
     uuid: str
     memory_limit: int  # bytes
     core_percent: int  # percent of the GPU's compute (0..10000)
     vgpu_ids: list[str]
+    device_limit: int | None  # bytes
 
-    def __init__(self, *, uuid: str, memory_limit: int, core_percent: int, vgpu_ids: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        uuid: str,
+        memory_limit: int,
+        core_percent: int,
+        vgpu_ids: list[str] | None = None,
+        device_limit: int | None = None,
+    ) -> None:
         self.uuid = uuid
         self.memory_limit = memory_limit
         self.core_percent = core_percent
         self.vgpu_ids = [] if vgpu_ids is None else vgpu_ids
+        self.device_limit = device_limit
 
 
 AllocatedGPU.FIELDS = (
@@ -196,6 +229,7 @@ AllocatedGPU.FIELDS = (
     ("memory_limit", _int(0), REQUIRED),
     ("core_percent", _int(0, 10_000), REQUIRED),
     ("vgpu_ids", _list(_str), list),
+    ("device_limit", _opt_int(0), None),
 )
 
 

@@ -2,8 +2,9 @@
 
 `vgpuctl status` reads the monitor's status file (<state_dir>/monitor/status.json,
 rewritten every second by vgpu-monitor) and prints the GPUs, their vGPU
-slices (pod/namespace), memory used/limit, SM use/share and whether each
-is suspended.  No cluster access is needed.  A slice is a container of the
+slices (pod/namespace), device memory used (NVML) against the physical share,
+host-resident (oversubscribed) memory against the slice, SM use/share and
+whether each is suspended.  No cluster access is needed.  A slice is a container of the
 device-plugin path or a DRA claim (ID `claim:<uid>`, shared by the containers
 of the pods named, CONTAINER shows `claim <name>`).
 """
@@ -20,7 +21,8 @@ from vgpu import __version__
 from vgpu.config import ConfigError, config_path_from_env, load_config
 
 STALE_S = 10.0
-HEAD_MEM = "MEM USED/LIMIT GiB"
+HEAD_MEM = "VRAM USED/SHARE GiB"
+HEAD_HOST = "HOST/SLICE GiB"
 HEAD_SM = "SM USE/SHARE %"
 
 
@@ -70,7 +72,9 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         if not rows:
             lines.append("  (no vGPU containers)")
             continue
-        lines.append(f"  {'NAMESPACE/POD':<32} {'CONTAINER':<20} {'ID':<13} {HEAD_MEM:<19} {HEAD_SM:<15} STATE")
+        lines.append(
+            f"  {'NAMESPACE/POD':<32} {'CONTAINER':<20} {'ID':<13} {HEAD_MEM:<19} {HEAD_HOST:<15} {HEAD_SM:<15} STATE"
+        )
         for r in rows:
             shown.add(r["container_id"])
             c = containers.get(r["container_id"], {})
@@ -78,9 +82,12 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
             st = "suspended" if r.get("suspended") else "running"
             if c.get("region_error"):
                 st += " region-corrupt"
+            # the physical share (a status from before it existed: the slice)
+            share = r.get("memory_device_limit", r.get("memory_limit"))
             lines.append(
                 f"  {pod:<32.32} {_who(r):<20.20} {r['container_id'][:12]:<13} "
-                f"{_gib(r.get('memory_used')) + '/' + _gib(r.get('memory_limit')):<19} "
+                f"{_gib(r.get('memory_used')) + '/' + _gib(share):<19} "
+                f"{_gib(r.get('memory_host', 0)) + '/' + _gib(r.get('memory_limit')):<15} "
                 f"{_pct(r.get('sm_use')) + '/' + _pct(r.get('share')):<15} {st}"
             )
     idle = [c for cid, c in sorted(containers.items()) if cid not in shown]

@@ -15,7 +15,9 @@
  * Accounting rule (libvgpu.so): for device d, the container's usage is the sum
  * over ACTIVE slots of device_bytes + host_bytes + max(extra_bytes, ctx_reserve),
  * plus the bytes of every LIVE entry of shared[] on d (memory shared between
- * processes of the container: counted once, whoever holds it).
+ * processes of the container: counted once, whoever holds it), at most
+ * memory_limit; its device-resident usage, the same sum without host_bytes, at
+ * most device_limit (the physical share).
  * A charge is checked and added under the region lock; a process lowers only
  * its own slot's counters, lock-free (atomic), after the driver freed memory.
  * devices[].used_device/used_host are informational totals, recomputed under
@@ -58,12 +60,14 @@
 
 struct vgpu_region_device {
     char     uuid[VGPU_UUID_LEN];  /* GPU UUID ("GPU-...") this entry limits */
-    uint64_t memory_limit;         /* bytes; the container's slice */
+    uint64_t memory_limit;         /* bytes; the container's slice (device + host resident) */
     uint32_t core_percent;         /* compute share, 1..100 (may exceed 100 only by scaling) */
     uint32_t flags;                /* VGPU_DEV_* */
     uint64_t used_device;          /* sum over slots of device-resident bytes */
     uint64_t used_host;            /* sum over slots of host-backed (oversubscribed) bytes */
-    uint64_t reserved[4];
+    uint64_t device_limit;         /* bytes; the physical share: device-resident bytes may not
+                                      exceed it (a copy of the limits file, like memory_limit) */
+    uint64_t reserved[3];
 };
 
 struct vgpu_slot_device {

@@ -37,8 +37,10 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
 };
 
 /* cuGetProcAddress flags and query results */
@@ -52,6 +54,23 @@ typedef enum {
 } CUdriverProcAddressQueryResult;
 
 #define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_MEM_ATTACH_HOST 0x2
+#define CU_DEVICE_CPU ((CUdevice)-1)
+/* CUmem_advise */
+#define CU_MEM_ADVISE_SET_READ_MOSTLY 1
+#define CU_MEM_ADVISE_UNSET_READ_MOSTLY 2
+#define CU_MEM_ADVISE_SET_PREFERRED_LOCATION 3
+#define CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION 4
+#define CU_MEM_ADVISE_SET_ACCESSED_BY 5
+#define CU_MEM_ADVISE_UNSET_ACCESSED_BY 6
+/* CUdevice_attribute */
+#define CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT 14
+#define CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT 51
+#define CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS 89
+#define CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID 134
+#define CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 141
+#define CU_EVENT_DISABLE_TIMING 0x2
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 #define CU_MEM_LOCATION_TYPE_HOST 2
 #define CU_MEM_LOCATION_TYPE_HOST_NUMA 3
@@ -79,8 +98,13 @@ typedef struct {
     int requestedHandleTypes; /* CUmemAllocationHandleType */
     CUmemLocation location;
     void *win32HandleMetaData;
-    /* allocFlags follow; not read */
-} CUmemAllocationProp;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp; /* whole (32 bytes): the host fallback copies it */
 
 typedef struct {
     int allocType;

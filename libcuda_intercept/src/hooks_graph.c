@@ -87,7 +87,7 @@ static int settle(int idx, uint64_t charged)
     if (now < charged)
         vgpu_rgn_uncharge((unsigned)idx, charged - now, VGPU_KIND_DEVICE);
     else if (now > charged) /* mapped where the hooks did not charge it: counted, whatever the limit */
-        vgpu_rgn_charge((unsigned)idx, now - charged, UINT64_MAX, vgpu_ctx_reserve(), VGPU_KIND_DEVICE);
+        vgpu_rgn_charge((unsigned)idx, now - charged, UINT64_MAX, UINT64_MAX, vgpu_ctx_reserve(), VGPU_KIND_DEVICE);
     g_charged[idx] = now;
     return now < charged;
 }

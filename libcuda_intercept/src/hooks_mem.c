@@ -11,12 +11,13 @@
 #include <string.h>
 
 #include "log.h"
+#include "oversub.h"
 #include "vgpu.h"
 
 #define KIND_RELEASED 0x100u /* t_vmm: handle released, waiting for its last unmap */
 
-/* 1: account on limits index *idx; 0: pass through untracked; -1: return *rc */
-int vgpu_begin(int dev, int *idx, CUresult *rc)
+/* 1: account on limits index *idx (CUDA ordinal *ord); 0: pass through untracked; -1: return *rc */
+int vgpu_begin_ord(int dev, int *idx, CUdevice *ord, CUresult *rc)
 {
     if (vgpu_in_hook)
         return 0;
@@ -46,28 +47,34 @@ int vgpu_begin(int dev, int *idx, CUresult *rc)
         return -1;
     }
     *idx = i;
+    *ord = dev;
+    vgpu_os_reap(0); /* memory freed in stream order whose stream is done (oversub.c) */
     return 1;
+}
+
+int vgpu_begin(int dev, int *idx, CUresult *rc)
+{
+    CUdevice ord;
+    return vgpu_begin_ord(dev, idx, &ord, rc);
 }
 
 int vgpu_charge(int idx, uint64_t n, int kind)
 {
     const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
-    int r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, vgpu_ctx_reserve(), kind);
+    int r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, L->device_limit, vgpu_ctx_reserve(), kind);
     /* memory this process's pools or graph pool no longer hold may still be charged (they give
      * it back at synchronisations the hooks do not all see): bring those charges up to date
      * once before refusing */
     if (r != 0 && (vgpu_pools_refresh(idx) | vgpu_graph_refresh(idx)))
-        r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, vgpu_ctx_reserve(), kind);
+        r = vgpu_rgn_charge((unsigned)idx, n, L->memory_limit, L->device_limit, vgpu_ctx_reserve(), kind);
     if (r != 0)
-        VLOG(VGPU_LOG_INFO, "refusing %llu bytes on %s: over the container limit of %llu", (unsigned long long)n,
-             L->uuid, (unsigned long long)L->memory_limit);
+        VLOG(VGPU_LOG_INFO, "refusing %llu bytes on %s: over the container's %s of %llu", (unsigned long long)n,
+             L->uuid, r == VGPU_OVER_SHARE ? "physical share" : "limit",
+             (unsigned long long)(r == VGPU_OVER_SHARE ? L->device_limit : L->memory_limit));
     return r;
 }
 
-#define begin vgpu_begin
 #define charge vgpu_charge
-
-static int oversubscribed(int idx) { return vgpu_limits()->dev[idx].oversubscribe; }
 
 static uint64_t mul_sat(uint64_t a, uint64_t b)
 {
@@ -91,31 +98,56 @@ int vgpu_remember(struct vgpu_track *t, uint64_t key, uint64_t size, int idx, un
 
 /* ------------------------------------------------------------ cuMemAlloc */
 
+/* The device allocation failed for lack of physical memory (non-vGPU users,
+ * contexts) although the container is inside its share: with oversubscription
+ * the bytes can still live in host memory.  Moves the charge on success. */
+static CUresult to_host_after_oom(CUresult rc, int idx, CUdevice ord, uint64_t n, int *kind,
+                                  CUresult (*host)(void *), void *arg)
+{
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || *kind != VGPU_KIND_DEVICE || !vgpu_os_can_host(idx, ord))
+        return rc;
+    rc = host(arg);
+    if (rc == CUDA_SUCCESS) {
+        vgpu_rgn_to_host((unsigned)idx, n);
+        *kind = VGPU_KIND_HOST;
+        VLOG(VGPU_LOG_DEBUG, "device full: %llu bytes host-backed (managed)", (unsigned long long)n);
+    }
+    return rc;
+}
+
+struct managed_args {
+    CUdeviceptr *p;
+    size_t n;
+    CUdevice ord;
+};
+static CUresult managed_host(void *a)
+{
+    struct managed_args *m = a;
+    return vgpu_os_managed(m->p, m->n, CU_MEM_ATTACH_GLOBAL, m->ord);
+}
+
+/* Beyond the physical share, with oversubscription, host memory (oversub.c). */
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 {
     NEED(cuMemAlloc_v2);
     CUresult rc = CUDA_SUCCESS;
-    int idx, b = begin(-1, &idx, &rc);
+    CUdevice ord;
+    int idx, kind, b = vgpu_begin_ord(-1, &idx, &ord, &rc);
     if (b <= 0)
         return b < 0 ? rc : REAL(cuMemAlloc_v2)(dptr, n);
-    if (charge(idx, n, VGPU_KIND_DEVICE) != 0)
+    if (vgpu_os_charge(idx, ord, n, 1, "cuMemAlloc_v2", &kind) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    vgpu_in_hook++;
-    rc = REAL(cuMemAlloc_v2)(dptr, n);
-    int kind = VGPU_KIND_DEVICE;
-    if (rc == CUDA_ERROR_OUT_OF_MEMORY && oversubscribed(idx) && REAL(cuMemAllocManaged)) {
-        /* the GPU is full but the container is under its (scaled) slice:
-         * managed memory lets the excess live in host memory */
-        rc = REAL(cuMemAllocManaged)(dptr, n, CU_MEM_ATTACH_GLOBAL);
-        if (rc == CUDA_SUCCESS) {
-            vgpu_rgn_to_host((unsigned)idx, n);
-            kind = VGPU_KIND_HOST;
-            VLOG(VGPU_LOG_DEBUG, "device full: %zu bytes host-backed (managed)", n);
-        }
+    struct managed_args ma = {dptr, n, ord};
+    if (kind == VGPU_KIND_HOST) {
+        rc = managed_host(&ma);
+    } else {
+        vgpu_in_hook++;
+        rc = REAL(cuMemAlloc_v2)(dptr, n);
+        vgpu_in_hook--;
+        rc = to_host_after_oom(rc, idx, ord, n, &kind, managed_host, &ma);
     }
-    vgpu_in_hook--;
     if (rc != CUDA_SUCCESS) {
-        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge((unsigned)idx, n, kind);
         return rc;
     }
     if (remember(&vgpu_t_ptr, *dptr, n, idx, (unsigned)kind, 0) != 0) {
@@ -130,59 +162,78 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 {
     NEED(cuMemAllocPitch_v2);
     CUresult rc = CUDA_SUCCESS;
-    int idx, b = begin(-1, &idx, &rc);
+    CUdevice ord;
+    int idx, kind, b = vgpu_begin_ord(-1, &idx, &ord, &rc);
     if (b <= 0)
         return b < 0 ? rc : REAL(cuMemAllocPitch_v2)(dptr, pitch, w, h, elem);
     /* pre-charge an estimate (rows padded to 512 bytes), settle on pitch*h */
-    uint64_t est = mul_sat(w > UINT64_MAX - 511 ? UINT64_MAX : (w + 511) & ~(uint64_t)511, h);
-    if (charge(idx, est, VGPU_KIND_DEVICE) != 0)
+    uint64_t est = mul_sat(w > UINT64_MAX - 511 ? UINT64_MAX : (w + 511) & ~(uint64_t)511, h), actual = 0;
+    if (vgpu_os_charge(idx, ord, est, 1, "cuMemAllocPitch_v2", &kind) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    vgpu_in_hook++;
-    rc = REAL(cuMemAllocPitch_v2)(dptr, pitch, w, h, elem);
-    vgpu_in_hook--;
+    if (kind == VGPU_KIND_HOST) {
+        rc = vgpu_os_pitch(dptr, pitch, w, h, elem, ord, &actual); /* a pitched layout over managed memory */
+    } else {
+        vgpu_in_hook++;
+        rc = REAL(cuMemAllocPitch_v2)(dptr, pitch, w, h, elem);
+        vgpu_in_hook--;
+        if (rc == CUDA_SUCCESS) {
+            actual = mul_sat(*pitch, h);
+        } else if (rc == CUDA_ERROR_OUT_OF_MEMORY && vgpu_os_can_host(idx, ord)) {
+            rc = vgpu_os_pitch(dptr, pitch, w, h, elem, ord, &actual);
+            if (rc == CUDA_SUCCESS) {
+                vgpu_rgn_to_host((unsigned)idx, est);
+                kind = VGPU_KIND_HOST;
+            }
+        }
+    }
     if (rc != CUDA_SUCCESS) {
-        vgpu_rgn_uncharge((unsigned)idx, est, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge((unsigned)idx, est, kind);
         return rc;
     }
-    uint64_t actual = mul_sat(*pitch, h);
     if (actual > est) {
-        if (charge(idx, actual - est, VGPU_KIND_DEVICE) != 0) {
+        if (charge(idx, actual - est, kind) != 0) {
             REAL(cuMemFree_v2)(*dptr);
-            vgpu_rgn_uncharge((unsigned)idx, est, VGPU_KIND_DEVICE);
+            vgpu_rgn_uncharge((unsigned)idx, est, kind);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     } else if (actual < est) {
-        vgpu_rgn_uncharge((unsigned)idx, est - actual, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge((unsigned)idx, est - actual, kind);
     }
-    if (remember(&vgpu_t_ptr, *dptr, actual, idx, VGPU_KIND_DEVICE, 0) != 0) {
+    if (remember(&vgpu_t_ptr, *dptr, actual, idx, (unsigned)kind, 0) != 0) {
         REAL(cuMemFree_v2)(*dptr);
-        vgpu_rgn_uncharge((unsigned)idx, actual, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge((unsigned)idx, actual, kind);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return CUDA_SUCCESS;
 }
 
 /* Managed memory is charged in full to the current device (it may migrate
- * there at any time). */
+ * there at any time) while the physical share has room; beyond it, it is
+ * advised to stay in host memory and charged as host-resident. */
 VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned flags)
 {
     NEED(cuMemAllocManaged);
     CUresult rc = CUDA_SUCCESS;
-    int idx, b = begin(-1, &idx, &rc);
+    CUdevice ord;
+    int idx, kind, b = vgpu_begin_ord(-1, &idx, &ord, &rc);
     if (b <= 0)
         return b < 0 ? rc : REAL(cuMemAllocManaged)(dptr, n, flags);
-    if (charge(idx, n, VGPU_KIND_DEVICE) != 0)
+    if (vgpu_os_charge(idx, ord, n, 1, "cuMemAllocManaged", &kind) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    vgpu_in_hook++;
-    rc = REAL(cuMemAllocManaged)(dptr, n, flags);
-    vgpu_in_hook--;
+    if (kind == VGPU_KIND_HOST) {
+        rc = vgpu_os_managed(dptr, n, flags, ord);
+    } else {
+        vgpu_in_hook++;
+        rc = REAL(cuMemAllocManaged)(dptr, n, flags);
+        vgpu_in_hook--;
+    }
     if (rc != CUDA_SUCCESS) {
-        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge((unsigned)idx, n, kind);
         return rc;
     }
-    if (remember(&vgpu_t_ptr, *dptr, n, idx, VGPU_KIND_DEVICE, 0) != 0) {
+    if (remember(&vgpu_t_ptr, *dptr, n, idx, (unsigned)kind, 0) != 0) {
         REAL(cuMemFree_v2)(*dptr);
-        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge((unsigned)idx, n, kind);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return CUDA_SUCCESS;
@@ -192,11 +243,19 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned fla
  * concurrent allocation that reuses the address cannot lose its record),
  * free, then return the charge; put the record back if the driver refuses.
  * A pool allocation returns nothing (its pool keeps the memory: hooks_pool.c);
- * one exported to other processes lets go of its ledger entry (hooks_share.c). */
+ * one exported to other processes lets go of its ledger entry (hooks_share.c);
+ * host-backed memory freed in stream order is freed once its stream is done
+ * (oversub.c). */
 CUresult vgpu_free_tracked(CUdeviceptr p, CUresult (*fn)(CUdeviceptr, CUstream), CUstream s, int sync)
 {
     struct vgpu_rec r;
     int tracked = !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE && vgpu_track_take(&vgpu_t_ptr, p, &r);
+    if (tracked && !sync && r.kind == VGPU_KIND_HOST && !r.ext) {
+        CUresult rc = vgpu_os_free_async(&r, s, fn == REAL(cuMemFreeAsync_ptsz));
+        if (rc != CUDA_SUCCESS)
+            vgpu_track_put(&vgpu_t_ptr, &r);
+        return rc;
+    }
     CUresult rc = sync ? REAL(cuMemFree_v2)(p) : fn(p, s);
     if (!tracked) {
         /* maybe a graph allocation (not while capturing: that frees it in the graph) */
@@ -234,21 +293,33 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, cons
     if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return REAL(cuMemCreate)(h, n, prop, flags); /* host memory is not charged */
     CUresult rc = CUDA_SUCCESS;
-    int idx, b = begin(prop->location.id, &idx, &rc);
+    CUdevice ord;
+    int idx, kind, b = vgpu_begin_ord(prop->location.id, &idx, &ord, &rc);
     if (b <= 0)
         return b < 0 ? rc : REAL(cuMemCreate)(h, n, prop, flags);
-    if (charge(idx, n, VGPU_KIND_DEVICE) != 0)
+    /* beyond the physical share: a host-NUMA allocation, where the driver has them */
+    if (vgpu_os_charge(idx, ord, n, 1, "cuMemCreate", &kind) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    vgpu_in_hook++;
-    rc = REAL(cuMemCreate)(h, n, prop, flags);
-    vgpu_in_hook--;
+    if (kind == VGPU_KIND_HOST) {
+        rc = vgpu_os_create_host(h, n, prop, flags, ord);
+        if (rc != CUDA_SUCCESS) {
+            VLOG(VGPU_LOG_ERROR,
+                 "cuMemCreate: refusing %zu bytes beyond the container's physical share: no host-NUMA allocation (%d)",
+                 n, rc);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else {
+        vgpu_in_hook++;
+        rc = REAL(cuMemCreate)(h, n, prop, flags);
+        vgpu_in_hook--;
+    }
     if (rc != CUDA_SUCCESS) {
-        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge((unsigned)idx, n, kind);
         return rc;
     }
-    if (remember(&vgpu_t_vmm, *h, n, idx, VGPU_KIND_DEVICE, 0) != 0) {
+    if (remember(&vgpu_t_vmm, *h, n, idx, (unsigned)kind, 0) != 0) {
         REAL(cuMemRelease)(*h);
-        vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge((unsigned)idx, n, kind);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return CUDA_SUCCESS;
@@ -259,6 +330,7 @@ struct vmm_op {
     uint64_t size, ref;
     uint32_t dev;
     int uncharge;
+    int kind; /* VGPU_KIND_DEVICE, or HOST for a host-NUMA handle of the fallback */
 };
 
 static int vmm_apply(struct vgpu_rec *r, void *arg, int *remove)
@@ -276,6 +348,8 @@ static int vmm_apply(struct vgpu_rec *r, void *arg, int *remove)
         op->size = r->size;
         op->dev = r->dev;
         op->ref = r->ext;
+        op->kind = (r->kind & ~(KIND_RELEASED | VGPU_KIND_MAPCHARGE)) == VGPU_KIND_HOST ? VGPU_KIND_HOST
+                                                                                      : VGPU_KIND_DEVICE;
     }
     return 0;
 }
@@ -290,7 +364,7 @@ static void vmm_change(uint64_t handle, int delta)
     if (op.ref)
         vgpu_share_release(op.ref);
     else
-        vgpu_rgn_uncharge(op.dev, op.size, VGPU_KIND_DEVICE);
+        vgpu_rgn_uncharge(op.dev, op.size, op.kind);
 }
 
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
@@ -383,14 +457,16 @@ static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, int fmt, unsigne
     return mul_sat(n, elem_bytes(fmt));
 }
 
-static CUresult array_create(uint64_t bytes, CUresult (*mk)(void *, const void *, unsigned), void *out,
-                             const void *desc, unsigned levels, uint64_t (*key)(void *))
+static CUresult array_create(const char *what, uint64_t bytes, CUresult (*mk)(void *, const void *, unsigned),
+                             void *out, const void *desc, unsigned levels, uint64_t (*key)(void *))
 {
     CUresult rc = CUDA_SUCCESS;
-    int idx, b = begin(-1, &idx, &rc);
+    CUdevice ord;
+    int idx, kind, b = vgpu_begin_ord(-1, &idx, &ord, &rc);
     if (b <= 0)
         return b < 0 ? rc : mk(out, desc, levels);
-    if (charge(idx, bytes, VGPU_KIND_DEVICE) != 0)
+    /* arrays are the device's own layout: never in host memory, refused at the physical share */
+    if (vgpu_os_charge(idx, ord, bytes, 0, what, &kind) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     vgpu_in_hook++;
     rc = mk(out, desc, levels);
@@ -425,7 +501,8 @@ VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d
     NEED(cuArrayCreate_v2);
     if (!a || !d)
         return REAL(cuArrayCreate_v2)(a, d);
-    return array_create(array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), mk_array, a, d, 0, key_array);
+    return array_create("cuArrayCreate_v2", array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), mk_array,
+                        a, d, 0, key_array);
 }
 
 VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
@@ -433,8 +510,8 @@ VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTO
     NEED(cuArray3DCreate_v2);
     if (!a || !d)
         return REAL(cuArray3DCreate_v2)(a, d);
-    return array_create(array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), mk_array3d, a, d, 0,
-                        key_array);
+    return array_create("cuArray3DCreate_v2", array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
+                        mk_array3d, a, d, 0, key_array);
 }
 
 VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
@@ -449,7 +526,7 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRA
         h = h > 1 ? h / 2 : h;
         z = z > 1 ? z / 2 : z;
     }
-    return array_create(total, mk_mipmap, a, d, levels, key_mipmap);
+    return array_create("cuMipmappedArrayCreate", total, mk_mipmap, a, d, levels, key_mipmap);
 }
 
 static CUresult destroy_tracked(uint64_t key, CUresult (*fn)(void *), void *obj)

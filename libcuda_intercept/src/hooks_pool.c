@@ -19,6 +19,9 @@
  *    once there are no more outstanding allocations").
  * Pools at a host location are host memory: untouched.  Allocations made while their stream is
  * capturing are graph allocations, charged when a graph launch maps them (hooks_graph.c).
+ * An allocation the device cannot take (the container's physical share is reached, or the driver
+ * has no memory) goes to host memory when the container oversubscribes (oversub.c): host-backed
+ * managed memory, recorded as such, whose cuMemFreeAsync frees it in stream order.
  * Allocations of one pool are serialised in this process (the estimate needs the idle bytes to
  * stay idle until the driver call); nothing here is on the kernel-launch path.
  */
@@ -26,6 +29,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "oversub.h"
 #include "vgpu.h"
 
 #define GRAN (2ull << 20)
@@ -68,7 +72,7 @@ static int settle(struct vgpu_rec *r)
         return 1;
     }
     if (now > r->size) { /* grown where the hooks did not see it: counted, whatever the limit */
-        vgpu_rgn_charge(r->dev, now - r->size, UINT64_MAX, vgpu_ctx_reserve(), VGPU_KIND_DEVICE);
+        vgpu_rgn_charge(r->dev, now - r->size, UINT64_MAX, UINT64_MAX, vgpu_ctx_reserve(), VGPU_KIND_DEVICE);
         r->size = now;
     }
     return 0;
@@ -145,18 +149,21 @@ typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*pool_alloc_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 typedef CUresult (*free_fn)(CUdeviceptr, CUstream);
 
+#define WHAT() (pfn ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync")
+
 /* the pre-pool accounting: the allocation itself, when the pool cannot be asked */
 static CUresult alloc_plain(alloc_fn fn, pool_alloc_fn pfn, CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s,
-                            int idx)
+                            int idx, CUdevice ord)
 {
-    if (vgpu_charge(idx, n, VGPU_KIND_DEVICE) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    int cr = vgpu_charge(idx, n, VGPU_KIND_DEVICE);
+    if (cr != 0)
+        return vgpu_os_async_host(cr, idx, ord, dptr, n, WHAT());
     vgpu_in_hook++;
     CUresult rc = pfn ? pfn(dptr, n, pool, s) : fn(dptr, n, s);
     vgpu_in_hook--;
     if (rc != CUDA_SUCCESS) {
         vgpu_rgn_uncharge((unsigned)idx, n, VGPU_KIND_DEVICE);
-        return rc;
+        return rc == CUDA_ERROR_OUT_OF_MEMORY ? vgpu_os_async_host(0, idx, ord, dptr, n, WHAT()) : rc;
     }
     if (vgpu_remember(&vgpu_t_ptr, *dptr, n, idx, VGPU_KIND_DEVICE, 0) != 0) {
         REAL(cuMemFree_v2)(*dptr);
@@ -186,7 +193,8 @@ static CUresult alloc_async(alloc_fn fn, pool_alloc_fn pfn, free_fn ffn, CUdevic
         return FORWARD(); /* host memory */
     }
     CUresult rc = CUDA_SUCCESS;
-    int idx, b = vgpu_begin(have ? (int)r.aux : -1, &idx, &rc);
+    CUdevice dord;
+    int idx, b = vgpu_begin_ord(have ? (int)r.aux : -1, &idx, &dord, &rc);
     if (b <= 0) {
         pthread_mutex_unlock(&g_pool_mu);
         return b < 0 ? rc : FORWARD();
@@ -195,15 +203,16 @@ static CUresult alloc_async(alloc_fn fn, pool_alloc_fn pfn, free_fn ffn, CUdevic
     if (!have || reserved_of(p, &r0) != 0 ||
         REAL(cuMemPoolGetAttribute)(p, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u0) != CUDA_SUCCESS) {
         pthread_mutex_unlock(&g_pool_mu);
-        return alloc_plain(fn, pfn, dptr, n, pool, s, idx);
+        return alloc_plain(fn, pfn, dptr, n, pool, s, idx, dord);
     }
     settle(&r);
     vgpu_track_put(&vgpu_t_pool, &r);
     uint64_t idle = r0 > u0 ? r0 - u0 : 0;
     uint64_t need = n > idle ? (n - idle + GRAN - 1) / GRAN * GRAN : 0;
-    if (need && vgpu_charge(idx, need, VGPU_KIND_DEVICE) != 0) {
+    int cr = need ? vgpu_charge(idx, need, VGPU_KIND_DEVICE) : 0;
+    if (cr != 0) {
         pthread_mutex_unlock(&g_pool_mu);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return vgpu_os_async_host(cr, idx, dord, dptr, n, WHAT()); /* beyond the physical share */
     }
     vgpu_track_get(&vgpu_t_pool, r.key, &r); /* a refresh inside vgpu_charge may have settled it */
     vgpu_in_hook++;
@@ -232,6 +241,8 @@ static CUresult alloc_async(alloc_fn fn, pool_alloc_fn pfn, free_fn ffn, CUdevic
     }
     vgpu_track_put(&vgpu_t_pool, &r);
     pthread_mutex_unlock(&g_pool_mu);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+        return vgpu_os_async_host(0, idx, dord, dptr, n, WHAT()); /* the device had no room */
     return rc;
 #undef FORWARD
 }
@@ -362,6 +373,8 @@ static CUresult after_sync(CUresult rc)
 {
     if (UNLIKELY(__atomic_load_n(&g_dirty, __ATOMIC_RELAXED)) && active())
         vgpu_pools_refresh(-1);
+    if (active())
+        vgpu_os_reap(0); /* host-backed memory freed in stream order, its stream now done */
     return rc;
 }
 

@@ -105,6 +105,9 @@ static uint64_t share_object(struct vgpu_track *t, uint64_t key)
         ref = r.ext; /* exported before */
     } else if (t == &vgpu_t_ptr && r.kind != VGPU_KIND_DEVICE) {
         ref = 0; /* host-backed or a pool's: not cuMemAlloc memory */
+    } else if ((r.kind & 0xffu) == VGPU_KIND_HOST) {
+        ref = 0; /* a host-NUMA handle of the oversubscription fallback: host memory, it stays the
+                  * exporter's (importers see a host location and do not count it) */
     } else if ((ref = vgpu_rgn_share(r.dev, r.size)) != 0) {
         if (vgpu_track_update(t, key, set_ext, &ref) == 0) {
             vgpu_share_hold(ref);
@@ -157,7 +160,7 @@ static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned)
             REAL(cuMemGetAddressRange_v2)(&base, &size, *pp) != CUDA_SUCCESS)
             return rc; /* untracked */
         const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
-        if (vgpu_rgn_share_charge((unsigned)idx, size, L->memory_limit, &ref) != 0) {
+        if (vgpu_rgn_share_charge((unsigned)idx, size, L->memory_limit, L->device_limit, &ref) != 0) {
             if (REAL(cuIpcCloseMemHandle))
                 REAL(cuIpcCloseMemHandle)(*pp);
             VLOG(VGPU_LOG_INFO, "refusing an IPC import of %zu bytes on %s: over the container limit", size, L->uuid);
@@ -255,7 +258,7 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
         struct stat sb;
         uint64_t size = vgpu_fstat(fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
         const struct vgpu_limit *L = &vgpu_limits()->dev[idx];
-        if (size && vgpu_rgn_share_charge((unsigned)idx, size, L->memory_limit, &ref) != 0) {
+        if (size && vgpu_rgn_share_charge((unsigned)idx, size, L->memory_limit, L->device_limit, &ref) != 0) {
             REAL(cuMemRelease)(*h);
             VLOG(VGPU_LOG_INFO, "refusing an import of %llu bytes on %s: over the container limit",
                  (unsigned long long)size, L->uuid);

@@ -94,14 +94,6 @@ static unsigned hwm(void)
     return h > VGPU_MAX_SLOTS ? VGPU_MAX_SLOTS : h;
 }
 
-static uint64_t slot_dev_total(const struct vgpu_slot *s, unsigned d)
-{
-    const struct vgpu_slot_device *sd = &s->dev[d];
-    uint64_t e = LD(&sd->extra_bytes), c = LD(&sd->ctx_reserve);
-    uint64_t t = vgpu_sat_add(LD(&sd->device_bytes), LD(&sd->host_bytes));
-    return vgpu_sat_add(t, e > c ? e : c);
-}
-
 static void header_init(struct vgpu_region *r)
 {
     memset(r, 0, sizeof *r);
@@ -188,7 +180,7 @@ static int devices_match(const struct vgpu_region *r, const struct vgpu_limits *
     for (unsigned i = 0; i < lim->count; i++) {
         const struct vgpu_region_device *d = &r->devices[i];
         if (strncmp(d->uuid, lim->dev[i].uuid, VGPU_UUID_LEN) != 0 || LD(&d->memory_limit) != lim->dev[i].memory_limit ||
-            LD(&d->core_percent) != lim->dev[i].core_percent ||
+            LD(&d->device_limit) != lim->dev[i].device_limit || LD(&d->core_percent) != lim->dev[i].core_percent ||
             LD(&d->flags) != (lim->dev[i].oversubscribe ? VGPU_DEV_OVERSUBSCRIBE : 0u))
             return 0;
     }
@@ -213,6 +205,7 @@ static const char *fix_locked(struct vgpu_region *r, int fresh, const struct vgp
             snprintf(d->uuid, sizeof d->uuid, "%s", lim->dev[i].uuid);
         }
         d->memory_limit = lim->dev[i].memory_limit;
+        d->device_limit = lim->dev[i].device_limit;
         d->core_percent = lim->dev[i].core_percent;
         d->flags = lim->dev[i].oversubscribe ? VGPU_DEV_OVERSUBSCRIBE : 0;
     }
@@ -407,19 +400,36 @@ static uint64_t shared_of(unsigned dev)
     return sum;
 }
 
-/* usage of device dev over the active slots (ours included) and the shared allocations */
-static uint64_t usage_of(unsigned dev)
+/* usage of device dev over the active slots (ours included) and the shared allocations:
+ * everything, and the device-resident part (everything but host_bytes; shared allocations are
+ * device memory) */
+static void usage_of(unsigned dev, uint64_t *all, uint64_t *resident)
 {
     unsigned h = hwm();
     if ((unsigned)g_slot >= h)
         h = (unsigned)g_slot + 1;
-    uint64_t sum = shared_of(dev);
+    uint64_t res = shared_of(dev), sum = res;
     for (unsigned i = 0; i < h; i++) {
         const struct vgpu_slot *s = &g_r->slots[i];
-        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == VGPU_SLOT_ACTIVE)
-            sum = vgpu_sat_add(sum, slot_dev_total(s, dev));
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != VGPU_SLOT_ACTIVE)
+            continue;
+        /* every counter read once: a sum never mixes two values of one counter */
+        const struct vgpu_slot_device *sd = &s->dev[dev];
+        uint64_t e = LD(&sd->extra_bytes), c = LD(&sd->ctx_reserve);
+        uint64_t r = vgpu_sat_add(LD(&sd->device_bytes), e > c ? e : c);
+        res = vgpu_sat_add(res, r);
+        sum = vgpu_sat_add(sum, vgpu_sat_add(r, LD(&sd->host_bytes)));
     }
-    return sum;
+    *all = sum;
+    *resident = res;
+}
+
+/* the bounds a device charge must keep: 0, VGPU_OVER_SLICE or VGPU_OVER_SHARE */
+static int over(unsigned dev, uint64_t limit, uint64_t dev_limit, int kind)
+{
+    uint64_t all, res;
+    usage_of(dev, &all, &res);
+    return all > limit ? VGPU_OVER_SLICE : (kind == VGPU_KIND_DEVICE && res > dev_limit) ? VGPU_OVER_SHARE : 0;
 }
 
 /*
@@ -434,21 +444,27 @@ static uint64_t usage_of(unsigned dev)
  * be taken back can make a concurrent charger near the limit see too much;
  * such a "no" is therefore re-examined under the region lock after dead
  * slots are reclaimed, a few times, before it becomes CUDA_ERROR_OUT_OF_MEMORY.
+ *
+ * Two bounds are checked in the same pass: the whole usage against the slice
+ * (every charge), and the device-resident usage against the physical share
+ * (device charges only: a host charge does not change it).  The argument
+ * holds for each sum on its own: the last device charger has seen every
+ * device charge, the last charger of any kind every charge.
  */
-static int try_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t *ctr)
+static int try_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t dev_limit, uint64_t *ctr, int kind)
 {
     __atomic_add_fetch(ctr, n, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (usage_of(dev) <= limit)
-        return 0;
-    sat_sub(ctr, n);
-    return -1;
+    int r = over(dev, limit, dev_limit, kind);
+    if (r)
+        sat_sub(ctr, n);
+    return r;
 }
 
-int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t reserve, int kind)
+int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t dev_limit, uint64_t reserve, int kind)
 {
     if (!g_r || g_slot < 0 || dev >= g_ndev)
-        return -1;
+        return VGPU_OVER_SLICE;
     struct vgpu_slot_device *me = &g_r->slots[g_slot].dev[dev];
     /* this process's context reserve (set once, never lowered) */
     uint64_t old = LD(&me->ctx_reserve);
@@ -456,7 +472,7 @@ int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t reserve, 
                                                          __ATOMIC_RELAXED))
         ;
     uint64_t *ctr = kind == VGPU_KIND_HOST ? &me->host_bytes : &me->device_bytes;
-    int ok = try_charge(dev, n, limit, ctr);
+    int ok = try_charge(dev, n, limit, dev_limit, ctr, kind);
     if (ok != 0) {
         lock_region();
         for (int attempt = 0; attempt < 4 && ok != 0; attempt++) {
@@ -464,7 +480,7 @@ int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t reserve, 
                 recompute_locked();
             else if (attempt > 0)
                 sched_yield(); /* let a concurrent tentative charge be taken back */
-            ok = try_charge(dev, n, limit, ctr);
+            ok = try_charge(dev, n, limit, dev_limit, ctr, kind);
         }
         unlock_region();
     }
@@ -684,7 +700,7 @@ uint64_t vgpu_rgn_share(unsigned dev, uint64_t n)
     return ref;
 }
 
-int vgpu_rgn_share_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t *ref)
+int vgpu_rgn_share_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t dev_limit, uint64_t *ref)
 {
     *ref = 0;
     if (!g_r || g_slot < 0 || dev >= g_ndev)
@@ -692,7 +708,7 @@ int vgpu_rgn_share_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t *re
     lock_region();
     struct vgpu_shared *e = new_entry_locked(dev, n);
     int rc = -1;
-    if (e && usage_of(dev) <= limit) { /* added, then checked: as try_charge */
+    if (e && over(dev, limit, dev_limit, VGPU_KIND_DEVICE) == 0) { /* added, then checked: as try_charge */
         *ref = ref_of((unsigned)(e - g_r->shared));
         rc = 0;
     } else if (e) {

@@ -22,8 +22,11 @@ int vgpu_rgn_join(char *err, size_t errlen);
 int vgpu_rgn_slot(void);
 
 /* Atomically check usage(dev) + n (+ this slot's first context reserve) <=
- * limit and charge n to this process's slot.  0 ok, -1 over the limit. */
-int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t reserve, int kind);
+ * limit and, for a device charge, device-resident usage + n <= dev_limit, and
+ * charge n to this process's slot (device_bytes or host_bytes by kind).
+ * 0 ok, VGPU_OVER_SLICE or VGPU_OVER_SHARE (device charges only). */
+enum { VGPU_OVER_SLICE = -1, VGPU_OVER_SHARE = -2 };
+int vgpu_rgn_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t dev_limit, uint64_t reserve, int kind);
 /* Lower this process's charge (lock-free). */
 void vgpu_rgn_uncharge(unsigned dev, uint64_t n, int kind);
 /* Move n bytes of this slot's charge from device-resident to host-backed. */
@@ -52,7 +55,7 @@ int vgpu_rgn_reclaim(void);
  *  - _add_key / _add_fd: what importers will look for (fd: a descriptor this
  *    process keeps open until it drops the entry). */
 uint64_t vgpu_rgn_share(unsigned dev, uint64_t n);
-int vgpu_rgn_share_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t *ref);
+int vgpu_rgn_share_charge(unsigned dev, uint64_t n, uint64_t limit, uint64_t dev_limit, uint64_t *ref);
 uint64_t vgpu_rgn_share_find_key(uint64_t key);
 uint64_t vgpu_rgn_share_find_fd(int fd);
 void vgpu_rgn_share_add_key(uint64_t ref, uint64_t key);

@@ -15,6 +15,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "oversub.h"
 #include "vgpu.h"
 
 #define FIXED_LIMITS "/run/vgpu/limits"
@@ -37,6 +38,7 @@ struct vgpu_track vgpu_t_pool = VGPU_TRACK_INIT;
 struct vgpu_track vgpu_t_exec = VGPU_TRACK_INIT;
 struct vgpu_track vgpu_t_ipc = VGPU_TRACK_INIT;
 struct vgpu_track vgpu_t_shr = VGPU_TRACK_INIT;
+struct vgpu_track vgpu_t_defer = VGPU_TRACK_INIT;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct vgpu_limits g_lim;
@@ -309,10 +311,12 @@ static void at_prepare(void)
     vgpu_track_lock(&vgpu_t_exec);
     vgpu_track_lock(&vgpu_t_ipc);
     vgpu_track_lock(&vgpu_t_shr);
+    vgpu_track_lock(&vgpu_t_defer);
 }
 
 static void at_parent(void)
 {
+    vgpu_track_unlock(&vgpu_t_defer);
     vgpu_track_unlock(&vgpu_t_shr);
     vgpu_track_unlock(&vgpu_t_ipc);
     vgpu_track_unlock(&vgpu_t_exec);
@@ -337,6 +341,8 @@ static void at_child(void)
     vgpu_track_reset_child(&vgpu_t_exec);
     vgpu_track_reset_child(&vgpu_t_ipc);
     vgpu_track_reset_child(&vgpu_t_shr);
+    vgpu_track_reset_child(&vgpu_t_defer);
+    vgpu_os_atfork_child();
     vgpu_hooks_atfork_child();
     vgpu_rgn_atfork_child();
     pthread_mutex_init(&g_mu, NULL);

@@ -186,3 +186,31 @@ void vgpu_track_each(struct vgpu_track *t, void (*fn)(struct vgpu_rec *, void *)
     }
     pthread_mutex_unlock(&t->mu);
 }
+
+int vgpu_track_overlaps(struct vgpu_track *t, uint64_t lo, uint64_t hi, uint32_t kind)
+{
+    int hit = 0;
+    pthread_mutex_lock(&t->mu);
+    for (uint64_t i = 0; i < t->cap && !hit; i++) {
+        const struct vgpu_rec *r = &t->tab[i];
+        if (r->key == EMPTY || r->key == DELETED || r->kind != kind)
+            continue;
+        uint64_t end = r->key + r->size < r->key ? UINT64_MAX : r->key + r->size;
+        hit = r->key < hi && lo < end;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return hit;
+}
+
+size_t vgpu_track_snapshot(struct vgpu_track *t, struct vgpu_rec *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (uint64_t i = 0; i < t->cap && n < max; i++) {
+        uint64_t k = t->tab[i].key;
+        if (k != EMPTY && k != DELETED)
+            out[n++] = t->tab[i];
+    }
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}

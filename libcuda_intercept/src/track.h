@@ -48,6 +48,15 @@ void vgpu_track_each(struct vgpu_track *t, void (*fn)(struct vgpu_rec *, void *)
 
 #endif
 
+#ifndef VGPU_TRACK_SCAN
+#define VGPU_TRACK_SCAN
+#include <stddef.h>
+/* 1 if a record of this kind covers part of [lo, hi) ([key, key + size)). */
+int vgpu_track_overlaps(struct vgpu_track *t, uint64_t lo, uint64_t hi, uint32_t kind);
+/* copy up to max records out (any order); returns the count */
+size_t vgpu_track_snapshot(struct vgpu_track *t, struct vgpu_rec *out, size_t max);
+#endif
+
 #ifndef VGPU_TRACK_RANGE
 #define VGPU_TRACK_RANGE
 /* remove every record with lo <= key < hi, calling fn on each (under the lock;

@@ -90,6 +90,28 @@
     X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, int))                               \
     X(cuMemGetAllocationPropertiesFromHandle, (void *, CUmemGenericAllocationHandle))                              \
     X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr))                                            \
+    X(cuDeviceGetAttribute, (int *, int, CUdevice))                                                                \
+    X(cuEventCreate, (CUevent *, unsigned))                                                                        \
+    X(cuEventRecord, (CUevent, CUstream))                                                                          \
+    X(cuEventRecord_ptsz, (CUevent, CUstream))                                                                     \
+    X(cuEventQuery, (CUevent))                                                                                     \
+    X(cuEventDestroy_v2, (CUevent))                                                                                \
+    X(cuMemAdvise, (CUdeviceptr, size_t, int, CUdevice))                                                           \
+    X(cuMemAdvise_v2, (CUdeviceptr, size_t, int, CUmemLocation))                                                   \
+    X(cuMemPrefetchAsync, (CUdeviceptr, size_t, CUdevice, CUstream))                                               \
+    X(cuMemPrefetchAsync_ptsz, (CUdeviceptr, size_t, CUdevice, CUstream))                                          \
+    X(cuMemPrefetchAsync_v2, (CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream))                             \
+    X(cuMemPrefetchAsync_v2_ptsz, (CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream))                        \
+    X(cuMemPrefetchBatchAsync, (CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,                \
+                                unsigned long long, CUstream))                                                     \
+    X(cuMemPrefetchBatchAsync_ptsz, (CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,           \
+                                     unsigned long long, CUstream))                                                \
+    X(cuMemDiscardAndPrefetchBatchAsync, (CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t,      \
+                                          unsigned long long, CUstream))                                           \
+    X(cuMemDiscardAndPrefetchBatchAsync_ptsz, (CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *, size_t, \
+                                               unsigned long long, CUstream))                                      \
+    X(cuMemDiscardBatchAsync, (CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream))                     \
+    X(cuMemDiscardBatchAsync_ptsz, (CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream))                \
     X(cuMemAlloc, (unsigned *, unsigned))                                                                          \
     X(cuMemAllocPitch, (unsigned *, unsigned *, unsigned, unsigned, unsigned))                                     \
     X(cuArrayCreate, (CUarray *, const void *))                                                                    \
@@ -146,6 +168,7 @@ extern struct vgpu_track vgpu_t_pool;  /* CUmemoryPool -> charged reservation (h
 extern struct vgpu_track vgpu_t_exec;  /* CUgraphExec (+device) -> graph memory footprint (hooks_graph.c) */
 extern struct vgpu_track vgpu_t_ipc;   /* cuIpcOpenMemHandle pointer -> opens; ext = ledger reference */
 extern struct vgpu_track vgpu_t_shr;   /* shared-ledger reference -> this process's holds (hooks_share.c) */
+extern struct vgpu_track vgpu_t_defer; /* host-backed pointer freed in stream order -> charge; aux = CUevent (oversub.c) */
 
 /* kinds of vgpu_t_ptr records beyond VGPU_KIND_DEVICE / HOST */
 #define VGPU_KIND_POOL 2u /* a pool allocation: the pool's reservation is what is charged */
@@ -155,8 +178,11 @@ extern struct vgpu_track vgpu_t_shr;   /* shared-ledger reference -> this proces
 /* hooks_mem.c: shared by the hook files */
 /* 1: account on limits index *idx; 0: pass through untracked; -1: return *rc */
 int vgpu_begin(int dev, int *idx, CUresult *rc);
+/* the same, with the CUDA ordinal it resolved (dev, or the current context's) */
+int vgpu_begin_ord(int dev, int *idx, CUdevice *ord, CUresult *rc);
 /* check-and-charge n bytes on limits index idx (refreshing cached pool memory once when it does
- * not fit); 0 ok, -1 over the limit */
+ * not fit): against the slice and, device bytes, the physical share; 0 ok, VGPU_OVER_SLICE or
+ * VGPU_OVER_SHARE */
 int vgpu_charge(int idx, uint64_t n, int kind);
 int vgpu_remember(struct vgpu_track *t, uint64_t key, uint64_t size, int idx, unsigned kind, uint64_t aux);
 /* cuMemFree_v2 / cuMemFreeAsync of a tracked pointer (sync: cuMemFree_v2, else fn(p, s)) */

@@ -3,6 +3,16 @@
  * hook from the allocation record, mounted read-only), but it is still parsed
  * strictly: anything unexpected is an error, and an error is fatal for the
  * process (fail closed), never "run unlimited".
+ *
+ * Version 2 (written by every current writer):
+ *     <uuid> <memory_limit> <core_percent> <oversubscribe 0|1> <device_limit>
+ * device_limit is the physical share: what may be resident on the device.
+ * It is at most memory_limit, and equal to it without oversubscription.
+ * Version 1 (four fields) is still read when no line oversubscribes: the
+ * physical share is then the limit itself, exactly what version 1 meant.  A
+ * version-1 line with oversubscription does not say how much of the slice
+ * may be device-resident, and guessing could take VRAM neighbours were
+ * promised, so it is an error (fail closed).
  */
 #include "vlimits.h"
 
@@ -81,7 +91,7 @@ int vgpu_limits_parse(const char *buf, size_t len, struct vgpu_limits *out, char
     }
     memcpy(text, buf, len);
     text[len] = '\0';
-    int seen_header = 0, lineno = 0;
+    int seen_header = 0, lineno = 0, version = 0;
     char *save = NULL;
     char *line = text;
     while (line) {
@@ -93,8 +103,8 @@ int vgpu_limits_parse(const char *buf, size_t len, struct vgpu_limits *out, char
         line = nl ? nl + 1 : NULL;
         if (cur[0] == '#')
             continue;
-        char *f[5];
-        int n = split(cur, f, 4);
+        char *f[6];
+        int n = split(cur, f, 5);
         if (n == 0)
             continue;
         if (!seen_header) {
@@ -102,17 +112,37 @@ int vgpu_limits_parse(const char *buf, size_t len, struct vgpu_limits *out, char
                 snprintf(err, errlen, "line %d: missing 'vgpu-limits <version>' header", lineno);
                 return -1;
             }
-            if (strcmp(f[1], "1") != 0) {
+            if (strcmp(f[1], "1") != 0 && strcmp(f[1], "2") != 0) {
                 snprintf(err, errlen, "line %d: unknown limits version '%.16s'", lineno, f[1]);
                 return -1;
             }
+            version = f[1][0] - '0';
             seen_header = 1;
             continue;
         }
-        uint64_t mem, pct;
-        if (n != 4 || !valid_uuid(f[0]) || parse_u64(f[1], UINT64_MAX, &mem) || parse_u64(f[2], 10000, &pct) ||
-            (strcmp(f[3], "0") != 0 && strcmp(f[3], "1") != 0)) {
-            snprintf(err, errlen, "line %d: malformed device line (want '<uuid> <bytes> <percent> <0|1>')", lineno);
+        uint64_t mem, pct, devlim = 0;
+        int want = version == 1 ? 4 : 5;
+        if (n != want || !valid_uuid(f[0]) || parse_u64(f[1], UINT64_MAX, &mem) || parse_u64(f[2], 10000, &pct) ||
+            (strcmp(f[3], "0") != 0 && strcmp(f[3], "1") != 0) ||
+            (version == 2 && parse_u64(f[4], UINT64_MAX, &devlim))) {
+            snprintf(err, errlen, "line %d: malformed device line (want '<uuid> <bytes> <percent> <0|1>%s')", lineno,
+                     version == 1 ? "" : " <device bytes>");
+            return -1;
+        }
+        int over = f[3][0] == '1';
+        if (version == 1) {
+            if (over) {
+                snprintf(err, errlen,
+                         "line %d: version 1 limits with oversubscription do not carry the physical share "
+                         "(recreate the container: its writer predates 'vgpu-limits 2')",
+                         lineno);
+                return -1;
+            }
+            devlim = mem;
+        } else if (devlim > mem || (!over && devlim != mem)) {
+            snprintf(err, errlen,
+                     "line %d: device bytes must be at most the limit, and equal to it without oversubscription",
+                     lineno);
             return -1;
         }
         if (out->count >= VGPU_MAX_DEVICES) {
@@ -128,8 +158,9 @@ int vgpu_limits_parse(const char *buf, size_t len, struct vgpu_limits *out, char
         struct vgpu_limit *d = &out->dev[out->count++];
         snprintf(d->uuid, sizeof d->uuid, "%s", f[0]);
         d->memory_limit = mem;
+        d->device_limit = devlim;
         d->core_percent = (uint32_t)pct;
-        d->oversubscribe = f[3][0] == '1';
+        d->oversubscribe = over;
     }
     (void)save;
     if (!seen_header) {

@@ -11,7 +11,8 @@
 
 struct vgpu_limit {
     char uuid[VGPU_UUID_LEN];
-    uint64_t memory_limit;
+    uint64_t memory_limit; /* the slice: device-resident + host-resident bytes */
+    uint64_t device_limit; /* the physical share: device-resident bytes (<= memory_limit) */
     uint32_t core_percent;
     int oversubscribe;
 };

@@ -10,8 +10,9 @@ children with that environment: the dynamic loader reads LD_LIBRARY_PATH once, a
     gpu.state()["processes"]
 
 Keyword overrides apply to every device (device keys: uuid, name, memory, pci_bus_id, numa_node,
-context_overhead, reserved, pci_device_id, sm_count, cc_major, cc_minor, minor_number, mig_profiles,
-mig_mode; `sim.fakegpu.mig.PRODUCTS` has the MIG-capable products) or to the
+context_overhead, reserved, pci_device_id, sm_count, cc_major, cc_minor, minor_number,
+memory_bandwidth, host_link_bandwidth, mig_profiles, mig_mode; `sim.fakegpu.mig.PRODUCTS` has the
+MIG-capable products) or to the
 node (queue_depth, timeslice_us, sample_period_ms, util_window_ms, driver_version, cuda_version).
 See docs/developers/simulators.md for the file formats and the model.
 """
@@ -43,6 +44,8 @@ DEVICE_KEYS = frozenset(
         "cc_major",
         "cc_minor",
         "minor_number",
+        "memory_bandwidth",
+        "host_link_bandwidth",
         "mig_profiles",
         "mig_mode",
     }

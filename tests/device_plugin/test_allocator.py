@@ -45,6 +45,12 @@ def test_slicing_arithmetic() -> None:
     assert s2.memory_per_vgpu(16 * GiB) == 6 * GiB
     assert s2.cores_for(1) == 50 and s2.oversubscribe
     assert not Slicing(2).oversubscribe
+    # the physical share: the slice over the scaling; K shares of a GPU never exceed it
+    assert s2.device_share(6 * GiB) == 4 * GiB and 4 * s2.device_share(s2.memory_per_vgpu(16 * GiB)) <= 16 * GiB
+    s3 = Slicing(3, 1.7)
+    m = 10**10 + 7
+    assert 3 * s3.device_share(s3.memory_per_vgpu(m)) <= m
+    assert Slicing(2, 0.5).device_share(5) == 5 and Slicing(2).device_share(5) == 5
 
 
 def test_preferred_spreads_over_distinct_gpus() -> None:

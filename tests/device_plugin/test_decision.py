@@ -60,6 +60,7 @@ def test_decision_sizes_the_record_and_completes_the_pod(api: KubeAPI, kubelet: 
     rec = read_record(p.state.allocation_record(a.envs[TOKEN_ENV]))
     [g] = rec.gpus
     assert (g.uuid, g.memory_limit, g.core_percent, g.vgpu_ids) == (U1, 3072 * MiB, 30, list(a.device_ids))
+    assert g.device_limit == 3072 * MiB  # memory scaling 1: all of it may be on the GPU
     ann = pod_ann(api, "train")
     assert json.loads(ann[scheduling.ALLOCATED_ANNOTATION]) == ["main"]
     assert ann[scheduling.BIND_PHASE_ANNOTATION] == scheduling.PHASE_SUCCESS
@@ -136,6 +137,15 @@ def test_count_mismatch_keeps_todays_behaviour(api: KubeAPI, kubelet: FakeKubele
     g = read_record(p.state.allocation_record(a.envs[TOKEN_ENV])).gpus[0]
     assert (g.memory_limit, g.core_percent) == (4 * GiB, 25)
     assert scheduling.ALLOCATED_ANNOTATION not in pod_ann(api, "two")
+
+
+def test_decided_gpumem_with_memory_scaling_gets_its_physical_share(api: KubeAPI, kubelet: FakeKubelet, plugin) -> None:
+    p = plugin(device_memory_scaling=2.0)
+    add_pod(api, "big", [("main", False, [(U1, 6 * GiB, 30)])])
+    a = kubelet.admit("default", "big", "main", count=1)
+    rec = read_record(p.state.allocation_record(a.envs[TOKEN_ENV]))
+    [g] = rec.gpus
+    assert rec.oversubscribe and (g.memory_limit, g.device_limit) == (6 * GiB, 3 * GiB)  # gpumem x 1/S
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,7 @@ def test_allocate_one_vgpu_writes_record(kubelet: FakeKubelet, inproc) -> None:
     assert len(rec.gpus) == 1
     g = rec.gpus[0]
     assert (g.uuid, g.memory_limit, g.core_percent, g.vgpu_ids) == (uuid, 4 * GiB, 25, list(a.device_ids))
+    assert g.device_limit == 4 * GiB  # no oversubscription: the whole slice may be on the GPU
 
 
 def test_allocate_two_vgpus_on_distinct_gpus(kubelet: FakeKubelet, inproc) -> None:
@@ -86,6 +87,7 @@ def test_allocate_two_vgpus_on_distinct_gpus(kubelet: FakeKubelet, inproc) -> No
     assert rec.oversubscribe
     assert [g.uuid for g in rec.gpus] == uuids
     assert all(g.memory_limit == 16 * GiB and g.core_percent == 25 for g in rec.gpus)
+    assert all(g.device_limit == 8 * GiB for g in rec.gpus)  # its physical share: M/K of a 16 GiB GPU
 
 
 def test_allocate_merges_same_gpu(kubelet: FakeKubelet, inproc) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from dra_plugin import claims
 from dra_plugin.claimstate import ClaimState, new_metadata
 from dra_plugin.driver import merge
+from nodecore.devices import Slicing
 from nodecore.records import RecordStore
 from runtime_hook import prestart as hook_prestart
 from tests.dra_plugin.conftest import GIB, gpus
@@ -86,6 +87,10 @@ def test_shares_of_one_gpu_merge_and_cores_are_capped() -> None:
         ("GPU-a", 5 * GIB, 100, 2),
         ("GPU-b", GIB, 10, 1),
     ]
+    assert [g.device_limit for g in out] == [5 * GIB, GIB]  # no scaling: the whole slice
+    # memory scaling 2: each share's physical share is half of it, summed per GPU
+    out = merge(UID, s, cores_cap=100, slicing=Slicing(2, 2.0))
+    assert [(g.memory_limit, g.device_limit) for g in out] == [(5 * GIB, GIB + 3 * GIB // 2), (GIB, GIB // 2)]
     assert all(v.rpartition("::")[0] == g.uuid for g in out for v in g.vgpu_ids)  # device plugin ID rule
 
 

@@ -86,7 +86,7 @@ def test_claimed_memory_is_what_the_container_sees_and_gets(
             show = "cat /etc/ld.so.preload; cat /run/vgpu/limits; echo claim=$VGPU_CLAIM_UID; "
             r = podman.run(rootfs, *dev_a, *libs, show + f"{BURN} --seconds 0 && {BURN} --alloc 5g --seconds 0")
             assert r.returncode == 0, r.stderr
-            assert "/run/vgpu/libvgpu.so" in r.stdout and f"{node.uuids[0]} {6 * GIB} 30 0" in r.stdout
+            assert "/run/vgpu/libvgpu.so" in r.stdout and f"{node.uuids[0]} {6 * GIB} 30 0 {6 * GIB}" in r.stdout
             assert f"claim={a.uid}" in r.stdout
             first, alloc = burn_lines(r.stdout)
             assert first["uuid"] == node.uuids[0] and first["mem_total"] == 6 * GIB

@@ -2,7 +2,8 @@
 libvgpu.so, against a slice: its caching allocator (default, `expandable_segments:True`,
 `backend:cudaMallocAsync`) raises torch.cuda.OutOfMemoryError at the slice and not before, and its
 statistics agree with the simulated GPU's own count of the process's memory (the oracle, never
-libvgpu.so's region); CUDA-graph capture (torch.cuda.graph) allocates inside the slice.
+libvgpu.so's region); CUDA-graph capture (torch.cuda.graph) allocates inside the slice; an
+oversubscribed slice (virtual device memory) holds at most its physical share on the device.
 
 Run by `make test-frameworks` (not part of `make test`).  tests/gpu/test_frameworks_gpu.py runs the
 same child scripts against a real GPU.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.libcuda_intercept.support import FAKE, Node
+from tests.libcuda_intercept.support import FAKE, UUID0, Node
 from tests.support import cudart, frameworks
 
 MiB = 1 << 20
@@ -131,3 +132,58 @@ def test_cupy_for_cuda_13_stops_at_the_slice(node_plain: Node, py: str, tmp_path
     [row] = out["fill"]
     assert (row["count"], row["err"]) == ("16", "OutOfMemoryError"), out
     assert used == 16 * CHUNK
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "backend:cudaMallocAsync"])
+def test_oversubscribed_pytorch_keeps_to_its_physical_share(node_plain: Node, py: str, conf: str) -> None:
+    """Virtual device memory (docs/operators/virtual-memory.md): an 8 GiB GPU, two slices of 8 GiB
+    with 4 GiB physical shares (K = 2, S = 2; half that for expandable segments).  PyTorch fills
+    its slice through each allocator — cudaMalloc, cuMemCreate (expandable segments),
+    cudaMallocAsync — and the simulated GPU holds at most the share of it on the device; the
+    neighbour then gets its whole share of VRAM."""
+    node = node_plain
+    gpu = 32 * CHUNK
+    if conf == "expandable_segments:True":
+        # every 20 MiB segment is a handle exportable as a descriptor, and the simulated node has
+        # 256 entries for those (FG_MAX_SHARED, sim/fakegpu/src/fg_state.h): a 4 GiB GPU here
+        gpu = 16 * CHUNK
+    share = gpu // 2
+    node.write_config(f"[device]\nmemory = {gpu}\ncontext_overhead = 0\n")
+    node.limit(gpu, oversub=True, device=share)
+    argv = [py, "-c", frameworks.TORCH_FILL, str(CHUNK)]
+    proc = subprocess.Popen(
+        argv,
+        env=node.env(True, {"PYTORCH_CUDA_ALLOC_CONF": conf}),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip() == "holding":
+                break
+        else:
+            raise AssertionError("".join(lines) + (proc.stderr.read() if proc.stderr else ""))
+        [row] = cudart.parse("".join(lines))["fill"]
+        [me] = [p for p in node.dump()["processes"] if p["host_pid"] == proc.pid]
+        resident, host = int(me["devices"][0]["used"]), int(me["devices"][0]["managed_host"])
+        # the whole slice is usable (less the allocator's rounding), at most the share on the device
+        assert int(row["big"]) >= gpu // CHUNK - 1 and int(row["bytes"]) > gpu - SLACK - CHUNK, row
+        assert resident <= share, (resident, row)
+        if conf != "expandable_segments:True":  # host-NUMA handles are not managed memory
+            assert host >= gpu - share - CHUNK, (host, row)
+        assert int(row["total"]) == gpu  # the slice, here equal to the hardware
+        # the neighbour (another container, its own region): its whole share of VRAM, now
+        other = node.tmp / "other.limits"
+        other.write_text(f"vgpu-limits 2\n{UUID0} {gpu} 50 1 {share}\n")
+        env = {"VGPU_LIMITS_FILE": str(other), "VGPU_REGION_FILE": str(node.tmp / "other.region")}
+        r = node.cutest("gpa", "init", *["alloc", CHUNK] * (share // CHUNK), env=env)
+        assert [x["rc"] for x in r.all("alloc")] == ["0"] * (share // CHUNK), r.out
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=120)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""

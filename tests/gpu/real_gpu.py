@@ -26,6 +26,14 @@ What it checks (device ordinal --device, a slice of --limit-mib):
   - PyTorch (if installed): torch.cuda.mem_get_info() shows the slice, and
     allocating past it raises torch.cuda.OutOfMemoryError; with the default
     allocator and with expandable segments (cuMemCreate)
+  - virtual device memory (a slice of 4x, a physical share of 1x the limit):
+    every path allocates the whole slice and a kernel reads all of it; the
+    GPU's used memory (NVML, device level) grows by the share and the
+    context, not by the slice; cuMemCreate beyond the share is host-NUMA
+    memory where the driver has it (else refused)
+  - the host-resident bytes are charged to the process's memory cgroup
+    (cgroup v2, root): memory.current grows by them
+  - make bench-oversub on this GPU: its figures, the neighbour's target
 """
 
 from __future__ import annotations
@@ -299,6 +307,121 @@ def check_python(e: Env, uuid: str) -> None:
         )
 
 
+def gpu_used(device: int) -> int:
+    out = subprocess.run(
+        ["nvidia-smi", f"--id={device}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return int(out.strip().splitlines()[0]) * MiB
+
+
+def check_oversub(e: Env, uuid: str) -> None:
+    share, slice_ = e.limit, 4 * e.limit
+    chunk = share // 4
+    e.limits.write_text(f"vgpu-limits 2\n{uuid} {slice_} 100 1 {share}\n")
+    paths = {
+        "alloc": ["alloc", chunk],
+        "pitch": ["pitch", 32768, chunk // 32768],
+        "managed": ["managed", chunk],
+        "async": ["async", chunk],
+        "pool": ["pool", chunk],
+        "vmm": ["vfull", chunk - chunk % (2 * MiB)],
+    }
+    for name, cmd in paths.items():
+        e.region.unlink(missing_ok=True)
+        before = gpu_used(e.device)
+        p = e.popen("gpa", "init", *(cmd * 16), "touch", "wait")
+        lines = []
+        assert p.stdout is not None
+        for ln in p.stdout:
+            if ln.startswith("waiting"):
+                break
+            lines.append(ln)
+        grown = gpu_used(e.device) - before
+        p.communicate(timeout=120)
+        rs = rows("".join(lines))
+        allocs = [r for r in rs if r["_"] == cmd[0]]
+        ok = [r.get("rc") for r in allocs] == ["0"] * 16 and pick(rs, "touch").get("rc") == "0"
+        if name == "vmm" and not ok and [r.get("rc") for r in allocs][:4] == ["0"] * 4:
+            record("oversub vmm: beyond the share refused (no host-NUMA VMM here)", True, str(allocs[4:5]))
+            continue
+        # the share and a context (well under 1 GiB) on the device; the slice would be 4x the share
+        fits = grown <= share + 1024 * MiB
+        record(
+            f"oversub {name}: 4x the share allocated and read, device grew by {grown // MiB} MiB",
+            ok and fits,
+            "".join(lines)[-400:] if not (ok and fits) else "",
+        )
+
+
+def check_cgroup(e: Env, uuid: str) -> None:
+    root = Path("/sys/fs/cgroup")
+    if (
+        os.geteuid() != 0
+        or not (root / "cgroup.controllers").exists()
+        or "memory" not in (root / "cgroup.subtree_control").read_text()
+    ):
+        record("host-resident bytes charged to the memory cgroup", None, "needs root and cgroup v2 with memory")
+        return
+    cg = root / f"vgpu-gpu-test-{os.getpid()}"
+    cg.mkdir()
+    share = e.limit
+    e.limits.write_text(f"vgpu-limits 2\n{uuid} {4 * share} 100 1 {share}\n")
+    e.region.unlink(missing_ok=True)
+    try:
+        argv = [
+            "sh",
+            "-c",
+            f'echo $$ > {cg}/cgroup.procs && exec "$@"',
+            "sh",
+            str(BUILD / "intercept" / "cutest"),
+            "gpa",
+            "init",
+            *(["alloc", str(share // 4)] * 16),
+            "touch",
+            "wait",
+        ]
+        p = subprocess.Popen(argv, env=e.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        base = None
+        assert p.stdout is not None
+        for ln in p.stdout:
+            if ln.startswith("init"):
+                base = int((cg / "memory.current").read_text())
+            if ln.startswith("waiting"):
+                break
+        grown = int((cg / "memory.current").read_text()) - (base or 0)
+        p.communicate(timeout=120)
+        host = 3 * share
+        record(
+            f"host-resident bytes charged to the memory cgroup (+{grown // MiB} MiB for {host // MiB} MiB)",
+            grown >= host * 0.9,
+        )
+    finally:
+        try:
+            cg.rmdir()
+        except OSError:
+            pass
+
+
+def check_bench() -> None:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "bench" / "bench_oversub.py")],
+        env={**os.environ, "BENCH_OVERSUB_DEVICE": "real"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(p.stdout, flush=True)
+    summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+    record(
+        "bench-oversub on this GPU: neighbour target met",
+        p.returncode == 0 and "neighbour_target_met=yes" in summary,
+        summary or p.stderr[-400:],
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit-mib", type=int, default=1024)
@@ -326,6 +449,9 @@ def main() -> int:
         check_race(e)
         check_kill(e)
         check_python(e, uuid)
+        check_oversub(e, uuid)
+        check_cgroup(e, uuid)
+    check_bench()
     failed = [r for r in results if r[0] == "FAIL"]
     print(
         f"summary passed={sum(r[0] == 'PASS' for r in results)} failed={len(failed)} "

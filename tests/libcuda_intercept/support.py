@@ -95,8 +95,16 @@ class Node:
     def write_limits(self, *lines: str, header: str = "vgpu-limits 1") -> None:
         self.limits.write_text("\n".join([header, *lines]) + "\n")
 
-    def limit(self, nbytes: int, oversub: bool = False, uuid: str = UUID0, pct: int = 50) -> None:
-        self.write_limits(f"{uuid} {nbytes} {pct} {1 if oversub else 0}")
+    def limit(
+        self, nbytes: int, oversub: bool = False, uuid: str = UUID0, pct: int = 50, device: int | None = None
+    ) -> None:
+        """One device line; `device`: the physical share (default: the whole slice), which makes
+        a version-2 file (version 1 otherwise, as files written before the share existed)."""
+        if device is None and not oversub:
+            self.write_limits(f"{uuid} {nbytes} {pct} 0")
+        else:
+            dev = nbytes if device is None else device
+            self.write_limits(f"{uuid} {nbytes} {pct} {1 if oversub else 0} {dev}", header="vgpu-limits 2")
 
     # ---- environment
     def env(self, preload: bool = True, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -24,8 +24,12 @@ def c_parse(path: Path) -> list[L.DeviceLimit] | str:
         return lines[0][6:]
     out = []
     for ln in lines[1:]:
-        _, uuid, mem, pct, ov = ln.split()
-        out.append(L.DeviceLimit(uuid=uuid, memory_limit=int(mem), core_percent=int(pct), oversubscribe=ov == "1"))
+        _, uuid, mem, pct, ov, dev = ln.split()
+        out.append(
+            L.DeviceLimit(
+                uuid=uuid, memory_limit=int(mem), core_percent=int(pct), oversubscribe=ov == "1", device_limit=int(dev)
+            )
+        )
     return out
 
 
@@ -38,12 +42,21 @@ def py_parse(text: str) -> list[L.DeviceLimit] | None:
 
 CASES = {
     "ok": (f"vgpu-limits 1\n{UUID0} 8589934592 50 0\n", True),
-    "two": (f"vgpu-limits 1\n{UUID0} 1 1 1\n{UUID1} 2 100 0\n", True),
+    "two": (f"vgpu-limits 1\n{UUID0} 1 1 0\n{UUID1} 2 100 0\n", True),
+    "v1 oversubscribed": (f"vgpu-limits 1\n{UUID0} 1 1 1\n{UUID1} 2 100 0\n", False),
+    "v2": (f"vgpu-limits 2\n{UUID0} 17179869184 50 1 8589934592\n{UUID1} 2 100 0 2\n", True),
+    "v2 share = slice": (f"vgpu-limits 2\n{UUID0} 1024 50 1 1024\n", True),
+    "v2 share zero": (f"vgpu-limits 2\n{UUID0} 1024 50 1 0\n", True),
+    "v2 share above slice": (f"vgpu-limits 2\n{UUID0} 1024 50 1 1025\n", False),
+    "v2 share below slice without oversubscription": (f"vgpu-limits 2\n{UUID0} 1024 50 0 512\n", False),
+    "v2 four fields": (f"vgpu-limits 2\n{UUID0} 1024 50 0\n", False),
+    "v1 five fields": (f"vgpu-limits 1\n{UUID0} 1024 50 0 1024\n", False),
+    "v2 bad share": (f"vgpu-limits 2\n{UUID0} 1024 50 1 1k\n", False),
     "comments": (f"# made by vgpu-hook\nvgpu-limits 1\n\n# dev\n{UUID0} 1024 50 0\n", True),
     "crlf": (f"vgpu-limits 1\r\n{UUID0} 1024 50 0\r\n", True),
     "no devices": ("vgpu-limits 1\n", True),
     "u64 max": (f"vgpu-limits 1\n{UUID0} 18446744073709551615 50 0\n", True),
-    "version 2": (f"vgpu-limits 2\n{UUID0} 1024 50 0\n", False),
+    "version 3": (f"vgpu-limits 3\n{UUID0} 1024 50 0 1024\n", False),
     "no header": (f"{UUID0} 1024 50 0\n", False),
     "empty": ("", False),
     "negative": (f"vgpu-limits 1\n{UUID0} -1 50 0\n", False),
@@ -76,6 +89,7 @@ TOKENS = [
     "vgpu-limits",
     "1",
     "2",
+    "3",
     "0",
     UUID0,
     UUID1,
@@ -98,9 +112,9 @@ TOKENS = [
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.sampled_from(TOKENS), max_size=30), st.booleans())
-def test_fuzz_parsers_agree(tmp_path: Path, build_dir: Path, toks: list[str], with_header: bool) -> None:
-    text = ("vgpu-limits 1\n" if with_header else "") + " ".join(toks)
+@given(st.lists(st.sampled_from(TOKENS), max_size=30), st.sampled_from(["", "vgpu-limits 1\n", "vgpu-limits 2\n"]))
+def test_fuzz_parsers_agree(tmp_path: Path, build_dir: Path, toks: list[str], header: str) -> None:
+    text = header + " ".join(toks)
     f = tmp_path / "limits"
     f.write_text(text)
     c = c_parse(f)
@@ -114,7 +128,8 @@ def test_fuzz_parsers_agree(tmp_path: Path, build_dir: Path, toks: list[str], wi
 @pytest.mark.parametrize(
     "content,needle",
     [
-        ("vgpu-limits 2\nGPU-x 1 1 0\n", "unknown limits version"),
+        ("vgpu-limits 3\nGPU-x 1 1 0 1\n", "unknown limits version"),
+        ("vgpu-limits 1\nGPU-x 2 1 1\n", "do not carry the physical share"),
         ("GPU-x 1 1 0\n", "header"),
         ("vgpu-limits 1\nGPU-x lots 1 0\n", "malformed"),
         (None, "does not exist"),

@@ -66,7 +66,7 @@ def test_pynvml_fails_closed_on_bad_limits(node: Node) -> None:
 def test_oversubscription_falls_back_to_host_memory(node: Node) -> None:
     # a 1 GiB GPU, a 1.5 GiB slice with oversubscription on
     node.write_config("[device]\nmemory = 1073741824\ncontext_overhead = 0\n")
-    node.limit(GiB + 512 * MiB, oversub=True)
+    node.limit(GiB + 512 * MiB, oversub=True, device=GiB)
     p = node.popen("gpa", "init", "alloc", 768 * MiB, "alloc", 512 * MiB, "alloc", 256 * MiB + 1, "info", "wait")
     try:
         assert p.stdout is not None

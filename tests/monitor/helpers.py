@@ -62,7 +62,7 @@ def make_container(
     state_dir: Path,
     cid: str,
     init_pid: int,
-    gpus: list[tuple[str, int, int]],
+    gpus: list[tuple[str, int, int]] | list[tuple[str, int, int, int]],
     *,
     pod: str = "",
     namespace: str = "default",
@@ -72,10 +72,18 @@ def make_container(
 ) -> Path:
     """A per-container state dir as the hook makes it: limits, region, metadata.json.
 
-    gpus: (uuid, memory_limit, core_percent)."""
+    gpus: (uuid, memory_limit, core_percent) or (uuid, memory_limit, core_percent, device_limit): with
+    a device limit (physical share) below the limit, the slice oversubscribes."""
     d = state_dir / "containers" / cid
     d.mkdir(parents=True, exist_ok=True)
-    lims = [vlimits.DeviceLimit(uuid=u, memory_limit=m, core_percent=c, oversubscribe=False) for u, m, c in gpus]
+    lims = [
+        vlimits.DeviceLimit(
+            uuid=g[0], memory_limit=g[1], core_percent=g[2], oversubscribe=g[-1] < g[1], device_limit=g[-1]
+        )
+        if len(g) == 4
+        else vlimits.DeviceLimit(uuid=g[0], memory_limit=g[1], core_percent=g[2], oversubscribe=False)
+        for g in gpus
+    ]
     (d / "limits").write_text(vlimits.render(lims))
     if region:
         vregion.initialise(str(d / "region"), lims)
@@ -90,7 +98,7 @@ def make_container(
         pod_name=pod or f"pod-{cid}",
         container_name=container,
         cgroup_path=cgroup_path,
-        gpus=[schemas.AllocatedGPU(uuid=u, memory_limit=m, core_percent=c) for u, m, c in gpus],
+        gpus=[schemas.AllocatedGPU(uuid=g[0], memory_limit=g[1], core_percent=g[2]) for g in gpus],
     )
     schemas.write_atomic(str(d / "metadata.json"), schemas.encode(meta))
     return d

@@ -34,6 +34,8 @@ STATUS = {
                     "container": "main",
                     "memory_used": 2 << 30,
                     "memory_limit": 8 << 30,
+                    "memory_device_limit": 4 << 30,
+                    "memory_host": 3 << 30,
                     "sm_use": 29.6,
                     "share": 30.0,
                     "suspended": True,
@@ -52,7 +54,16 @@ STATUS = {
 def test_render_table() -> None:
     out = ctl.render(STATUS, now=1.0)
     assert "running (pid 123, policy strict" in out
-    assert "team/train" in out and "2.0/8.0" in out and "30/30" in out and "suspended" in out
+    assert "team/train" in out and "30/30" in out and "suspended" in out
+    # device memory (NVML) against the physical share, host-resident memory against the slice
+    assert "VRAM USED/SHARE GiB" in out and "HOST/SLICE GiB" in out
+    assert "2.0/4.0" in out and "3.0/8.0" in out
+    # a status written before the share existed shows the slice as the share
+    row = STATUS["gpus"][0]["containers"][0]  # type: ignore[index]
+    old = {k: v for k, v in row.items() if k not in ("memory_device_limit", "memory_host")}
+    gpu0 = {**STATUS["gpus"][0], "containers": [old]}  # type: ignore[dict-item]
+    out_old = ctl.render({**STATUS, "gpus": [gpu0]}, now=1.0)
+    assert "2.0/8.0" in out_old and "0.0/8.0" in out_old
     assert "DOWN: GPU is lost" in out
     assert "x/idle" in out and "region-corrupt" in out
     assert "stale" in ctl.render(STATUS, now=100.0)

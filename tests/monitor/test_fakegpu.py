@@ -23,6 +23,7 @@ from vgpuctl import cli as ctl
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 GIB = 1 << 30
 MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -32,9 +33,23 @@ def node(fakegpu, tmp_path: Path, procs: Procs) -> Iterator:
     monitors = Monitors(st, fakegpu.env, procs)
     workers: list[Gated] = []
 
-    def spawn(cid: str, share: int, argv: list[str], mem_limit: int = 8 * GIB, gpu: int = 0, release: bool = True):
-        w = Gated(argv, fakegpu.env, procs)
-        make_container(st, cid, w.pid, [(fakegpu.uuids[gpu], mem_limit, share)], pod=f"pod-{cid}", namespace="ns1")
+    def spawn(
+        cid: str,
+        share: int,
+        argv: list[str],
+        mem_limit: int = 8 * GIB,
+        gpu: int = 0,
+        release: bool = True,
+        device_limit: int | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        w = Gated(argv, {**fakegpu.env, **(env or {})}, procs)
+        g = (
+            (fakegpu.uuids[gpu], mem_limit, share)
+            if device_limit is None
+            else (fakegpu.uuids[gpu], mem_limit, share, device_limit)
+        )
+        make_container(st, cid, w.pid, [g], pod=f"pod-{cid}", namespace="ns1")
         workers.append(w)
         if release:
             w.release()
@@ -189,6 +204,49 @@ def test_backstop_for_allocation_bypassing_the_library(node, action: str) -> Non
     )
     assert ok.proc.poll() is None
     assert metric(mon.scrape(), "vgpu_container_backstop_actions_total", container_id="fits", action=action) == 0
+
+
+def test_oversubscribed_containers_host_bytes_and_the_backstop_against_the_share(node) -> None:
+    """A container with a 4 GiB slice and a 2 GiB physical share, through libvgpu.so: host bytes
+    exported, NVML use inside the share, no backstop. One that bypasses the library and holds more
+    than its share on the device (though less than its slice) is killed."""
+    fakegpu, st, start_monitor, spawn = node
+    mon = start_monitor("--backstop-action", "kill", "--backstop-grace-s", "0.5")
+    d = st / "containers" / "ovs"
+    lib = {
+        "LD_PRELOAD": str(ROOT / "build" / "libvgpu.so"),
+        "VGPU_LIMITS_FILE": str(d / "limits"),
+        "VGPU_REGION_FILE": str(d / "region"),
+        "VGPU_CONTEXT_RESERVE": "300m",  # the simulator's context: the library counts it from the start
+    }
+    cutest = str(ROOT / "build" / "intercept" / "cutest")
+    argv = [cutest, "gpa", "init", *["alloc", str(512 * MIB)] * 8, "sleepms", "60000"]
+    ovs = spawn("ovs", 50, argv, 4 * GIB, device_limit=2 * GIB, env=lib)
+    hog = spawn("hog", 50, [fakegpu.burn, "--alloc", "2g", "--seconds", "0", "--hold", "60"], 4 * GIB, device_limit=GIB)
+    lab = {"container_id": "ovs", "namespace": "ns1", "pod": "pod-ovs", "container": "main", "gpu": "0"}
+    # 3 chunks + the context on the device (1.8 GiB of 2), 4 in host memory, the 8th over the slice
+    on_device = 3 * 512 * MIB + 300 * MIB  # NVML's view: the context is memory of the process
+    assert poll(
+        lambda: (
+            (
+                metric(t := mon.scrape(), "vgpu_container_memory_host_bytes", **lab),
+                metric(t, "vgpu_container_memory_used_bytes", **lab),
+            )
+            == (2 * GIB, on_device)
+        ),
+        15,
+    )
+    text = mon.scrape()
+    assert metric(text, "vgpu_container_memory_device_limit_bytes", **lab) == 2 * GIB
+    assert metric(text, "vgpu_container_memory_limit_bytes", **lab) == 4 * GIB
+    assert poll(lambda: hog.proc.poll() is not None, 15)  # 2.3 GiB on the device, share 1 GiB
+    assert hog.proc.returncode == -signal.SIGKILL
+    time.sleep(1.5)
+    assert ovs.proc.poll() is None
+    assert metric(mon.scrape(), "vgpu_container_backstop_actions_total", container_id="ovs", action="kill") == 0
+    snap = mon.status() or {}
+    [row] = [r for g in snap["gpus"] for r in g["containers"] if r["container_id"] == "ovs"]
+    assert (row["memory_host"], row["memory_device_limit"], row["memory_limit"]) == (2 * GIB, 2 * GIB, 4 * GIB)
 
 
 def test_corrupt_region_gpu_loss_and_cleanup(node, procs: Procs) -> None:

@@ -181,7 +181,7 @@ def test_cri_vgpu_container_end_to_end(env: Env) -> None:
         log_path = env.rt.ContainerStatus(cri.ContainerStatusRequest(container_id=cid)).status.log_path
         out = _wait_log(log_path, "done")
         assert "preload=/run/vgpu/libvgpu.so" in out
-        assert f"{support.UUID_A} {2 << 30} 25 0" in out
+        assert f"{support.UUID_A} {2 << 30} 25 0 {2 << 30}" in out
         assert "limits=readonly" in out and "preload=readonly" in out and "region=writable" in out
         assert "mode /run/vgpu/region 666" in out
         # State of the container on the host, with the pod identity from the CRI annotations.
@@ -394,7 +394,7 @@ def test_shape_vgpu_container_through_the_nvidia_runtime(shape_env: ShapeEnv) ->
         for p in ("/dev/nvidiactl", "/dev/nvidia0", f"{LIB64}/libcuda.so.1", f"{LIB64}/libnvidia-ml.so.1"):
             assert p in out, out
         # our mounts
-        assert "preload=/run/vgpu/libvgpu.so" in out and f"{uuid0} {2 * GIB} 25 0" in out
+        assert "preload=/run/vgpu/libvgpu.so" in out and f"{uuid0} {2 * GIB} 25 0 {2 * GIB}" in out
         # and the slice: cuMemGetInfo through libvgpu.so on the simulated 16 GiB GPU
         burn_line = next(ln for ln in out if ln.startswith("burn="))
         info = json.loads(burn_line[len("burn=") :])

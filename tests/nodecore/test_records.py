@@ -38,6 +38,7 @@ def test_write_record(tmp_path: Path) -> None:
     back = read_record(path)
     assert back == rec
     assert back.oversubscribe and back.gpus[0].memory_limit == 6 << 30  # floor(1.5 * 8 GiB / 2)
+    assert back.gpus[0].device_limit == 4 << 30  # its physical share, M/K
     assert [f for f in os.listdir(p.allocations_dir) if f.startswith(".tmp")] == []
 
 

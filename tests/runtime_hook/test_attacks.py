@@ -155,7 +155,7 @@ def test_hostile_image(node: Node, name: str) -> None:
     if expect == "mounted":
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
-        assert lines[0] == OURS and lines[1] == "vgpu-limits 1", lines
+        assert lines[0] == OURS and lines[1] == "vgpu-limits 2", lines
     else:
         assert r.returncode != 0, r.stdout
         assert "vgpu-hook: cannot set up vGPU isolation" in r.stderr and expect in r.stderr, r.stderr

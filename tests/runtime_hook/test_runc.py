@@ -37,7 +37,8 @@ def test_vgpu_container_gets_files_modes_and_readonly_binds(any_node: Node) -> N
     assert r.returncode == 0, r.stderr
     out = _lines(r)
     assert "preload=/run/vgpu/libvgpu.so" in out[0]
-    assert f"{support.UUID_A} {3 << 30} 40 0" in out and f"{support.UUID_B} {1 << 30} 60 0" in out
+    # the limits: slice, share, no oversubscription, physical share = slice
+    assert f"{support.UUID_A} {3 << 30} 40 0 {3 << 30}" in out and f"{support.UUID_B} {1 << 30} 60 0 {1 << 30}" in out
     assert "mode /etc/ld.so.preload 644 regular file" in out
     assert "mode /run/vgpu/limits 644 regular file" in out
     assert "mode /run/vgpu/region 666 regular file" in out
@@ -120,7 +121,16 @@ def test_plain_container_untouched(any_node: Node) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["unknown-token", "bad-token", "devices-outside", "devices-all", "no-library", "malformed-record", "mismatch"],
+    [
+        "unknown-token",
+        "bad-token",
+        "devices-outside",
+        "devices-all",
+        "no-library",
+        "malformed-record",
+        "mismatch",
+        "oversubscribed-without-share",
+    ],
 )
 def test_refused_containers(any_node: Node, case: str) -> None:
     node = any_node
@@ -149,6 +159,11 @@ def test_refused_containers(any_node: Node, case: str) -> None:
     elif case == "mismatch":
         ann = {"vgpu.k8s.io/allocation-token": "f" * 32}
         expect = "disagree"
+    elif case == "oversubscribed-without-share":
+        # a record from before the physical share existed, with memory scaling above 1
+        p = node.state / "allocations" / f"{token}.json"
+        p.write_text(p.read_text().replace('"oversubscribe":false', '"oversubscribe":true'))
+        expect = "an oversubscribed allocation without device_limit"
     b = node.bundle(["echo", "STARTED"], env=env, annotations=ann)
     r = node.run(b, f"ref-{case}")
     assert r.returncode != 0

@@ -257,41 +257,6 @@ def test_memory_kinds_are_accounted_and_copies_checked(fakegpu: FakeGPU) -> None
     assert out["free_inside"] == 1 and out["double_free"] == 1
 
 
-def test_managed_memory_beyond_the_device_lives_in_host_memory(tmp_path: Path, build_dir: Path) -> None:
-    GiB = 1 << 30
-    gpu = FakeGPU(tmp_path / "node", build_dir, gpus=1, memory=2 * GiB, context_overhead=0)
-    try:
-        out = py(
-            gpu,
-            f"CTL = {gpu.ctl_path!r}",
-            """
-            import subprocess
-            ctx(0)
-            rc, held = alloc(1 << 30)
-            p = ctypes.c_ulonglong()
-            res = {"rc": cu.cuMemAllocManaged(ctypes.byref(p), ctypes.c_size_t(3 << 29), 1)}
-            res["bad_flags"] = cu.cuMemAllocManaged(ctypes.byref(ctypes.c_ulonglong()), ctypes.c_size_t(4096), 4)
-            st = json.loads(subprocess.check_output([CTL, "dump"]))
-            res["me"] = [q for q in st["processes"] if q["pid"] == os.getpid()][0]["devices"][0]
-            res["plain_oom"] = alloc(1 << 20)[0]
-            import pynvml
-            pynvml.nvmlInit()
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            res["nvml"] = [q.usedGpuMemory for q in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
-            print(json.dumps(res))
-            """,
-        )
-    finally:
-        gpu.close()
-    assert out["rc"] == 0 and out["bad_flags"] == 1
-    me = out["me"]
-    assert me["allocated"] == GiB
-    assert me["managed_device"] == GiB  # what was free
-    assert me["managed_host"] == (3 << 29) - GiB
-    assert out["plain_oom"] == 2
-    assert out["nvml"] == [2 * GiB]
-
-
 def test_cuda_visible_devices_selects_and_orders(tmp_path: Path, build_dir: Path) -> None:
     gpu = FakeGPU(tmp_path / "node", build_dir, gpus=3)
     code = """

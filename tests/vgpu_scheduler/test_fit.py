@@ -224,3 +224,39 @@ def test_the_index_walk_finds_what_fitting_every_node_finds() -> None:
             placed += 1
     assert placed > 200
     assert snapshot.drift_bytes(st.usage, st.recomputed()) == 0
+
+
+def test_oversubscribed_gpus_take_slices_whose_physical_shares_fit_the_memory() -> None:
+    """Memory scaling S = 2 on 16 GiB GPUs split 2 ways: `gpumem` asks up to the slice (S*M/K =
+    16 GiB by default), and whatever mix of requests is placed, the physical shares (gpumem / S,
+    what the device plugin writes as device_limit) of a GPU add up to at most its 16 GiB."""
+    import random
+
+    v = view("n1", n=2, mem_gib=16, split=2, scaling=2.0)
+    p = fit.fit_node(v, {}, [req()], opts(), CFG)
+    assert isinstance(p, fit.Placement) and p.containers[0].gpus[0].memory == 16 * GiB
+    usage: dict[str, Use] = {}
+    for _ in range(2):  # two full 16 GiB slices per GPU, no third
+        for _ in range(2):
+            p = fit.fit_node(v, usage, [req(mem=16384, cores=10)], opts(gpu="binpack"), CFG)
+            assert isinstance(p, fit.Placement)
+            for g in p.containers[0].gpus:
+                usage.setdefault(g.uuid, Use()).add(Use(g.memory, g.cores, 1))
+    f = fit.fit_node(v, usage, [req(mem=1, cores=10)], opts(), CFG)
+    assert isinstance(f, fit.Failure)
+    rng = random.Random(7)
+    for _ in range(200):
+        v = view("n1", n=2, mem_gib=16, split=8, scaling=2.0)
+        usage = {}
+        shares: dict[str, int] = {}
+        for _ in range(20):
+            p = fit.fit_node(
+                v, usage, [req(mem=rng.choice([1024, 4096, 8192, 12288, 16384, 24576]), cores=1)], opts(), CFG
+            )
+            if isinstance(p, fit.Failure):
+                continue
+            for g in p.containers[0].gpus:
+                usage.setdefault(g.uuid, Use()).add(Use(g.memory, g.cores, 1))
+                shares[g.uuid] = shares.get(g.uuid, 0) + g.memory // 2
+        assert all(s <= 16 * GiB for s in shares.values())
+        assert all(u.memory <= 32 * GiB for u in usage.values())

@@ -1,6 +1,7 @@
 /* fakegpu libcuda: the copies and sets the CUDA runtime uses beyond cuMemcpyHtoD/DtoH/DtoD
  * (cuda_mem.c): unified-address copies (cuMemcpy, cuMemcpyAsync, peer copies), 2D and 3D copies,
- * 16-bit and 2D sets, the asynchronous forms, pointer attributes, and the managed-memory hints.
+ * 16-bit and 2D sets, the asynchronous forms and pointer attributes (the managed-memory hints are in
+ * cuda_um.c).
  *
  * Unified addressing, as the real driver documents it (cuda.h, "Unified Addressing"): a pointer is
  * device memory when it lies in one of the process's device allocations (checked against the
@@ -490,80 +491,5 @@ FG_API CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, 
     return CUDA_SUCCESS;
 }
 
-/* --- managed-memory hints: validated, no effect on where the simulator keeps the bytes ------ */
-
-static CUresult managed_range(CUdeviceptr p, size_t n)
-{
-    struct fg_alloc a;
-    if (n == 0 || fg_alloc_find(p, n, &a) != 0 || a.kind != FG_ALLOC_MANAGED)
-        return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
-}
-
-FG_API CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstream s)
-{
-    int dev, idx;
-    CUresult rc = fg_stream_resolve(s, 0, &dev, &idx);
-    if (rc)
-        return rc;
-    if (dst != -1 && fg_phys(dst) < 0) /* CU_DEVICE_CPU = -1 */
-        return CUDA_ERROR_INVALID_DEVICE;
-    return managed_range(p, n);
-}
-FG_API CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dst, CUstream s)
-{
-    int dev, idx;
-    CUresult rc = fg_stream_resolve(s, 1, &dev, &idx);
-    if (rc)
-        return rc;
-    if (dst != -1 && fg_phys(dst) < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    return managed_range(p, n);
-}
-
-/* _v2 (CUDA 12.2): CUmemLocation {type, id} by value, flags */
-typedef struct {
-    int type, id;
-} fg_location;
-
-FG_API CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, fg_location loc, unsigned flags, CUstream s)
-{
-    (void)loc;
-    int dev, idx;
-    CUresult rc = fg_stream_resolve(s, 0, &dev, &idx);
-    if (rc)
-        return rc;
-    return flags ? CUDA_ERROR_INVALID_VALUE : managed_range(p, n);
-}
-FG_API CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, fg_location loc, unsigned flags, CUstream s)
-{
-    (void)loc;
-    int dev, idx;
-    CUresult rc = fg_stream_resolve(s, 1, &dev, &idx);
-    if (rc)
-        return rc;
-    return flags ? CUDA_ERROR_INVALID_VALUE : managed_range(p, n);
-}
-
-FG_API CUresult cuMemAdvise(CUdeviceptr p, size_t n, int advice, CUdevice dev)
-{
-    CUresult rc = fg_check_init();
-    if (rc)
-        return rc;
-    if (advice < 1 || advice > 6) /* CU_MEM_ADVISE_SET_READ_MOSTLY .. UNSET_ACCESSED_BY */
-        return CUDA_ERROR_INVALID_VALUE;
-    if (dev != -1 && fg_phys(dev) < 0)
-        return CUDA_ERROR_INVALID_DEVICE;
-    return managed_range(p, n);
-}
-
-FG_API CUresult cuMemAdvise_v2(CUdeviceptr p, size_t n, int advice, fg_location loc)
-{
-    CUresult rc = fg_check_init();
-    if (rc)
-        return rc;
-    (void)loc;
-    if (advice < 1 || advice > 6)
-        return CUDA_ERROR_INVALID_VALUE;
-    return managed_range(p, n);
-}
+/* The managed-memory hints (cuMemAdvise, cuMemPrefetchAsync and their variants) decide where the
+ * simulator keeps managed pages: cuda_um.c. */

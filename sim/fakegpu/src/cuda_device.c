@@ -382,6 +382,8 @@ FG_API CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
     case 97: v = 232448; break;      /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
     case 102: v = 1; break;          /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
     case 115: v = 1; break;          /* MEMORY_POOLS_SUPPORTED */
+    case 134: v = c->numa_node; break; /* HOST_NUMA_ID: -1 without NUMA */
+    case 141: v = 1; break;          /* HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (cuda_vmm.c) */
     default: v = 0;
     }
     *pi = v;

@@ -120,6 +120,23 @@ int fg_alloc_find(uint64_t p, uint64_t n, struct fg_alloc *out)
     return rc;
 }
 
+int fg_alloc_each(uint64_t p, uint64_t n, void (*fn)(struct fg_alloc *, void *), void *arg)
+{
+    int k = 0;
+    uint64_t hi = p + n < p ? UINT64_MAX : p + n;
+    pthread_mutex_lock(&g_amu);
+    size_t i = lower_bound(p + 1);
+    for (i = i ? i - 1 : 0; i < g_n && g_tab[i].ptr < hi; i++) {
+        struct fg_alloc *a = &g_tab[i];
+        if (a->ptr + a->size <= p)
+            continue;
+        fn(a, arg);
+        k++;
+    }
+    pthread_mutex_unlock(&g_amu);
+    return k;
+}
+
 static void release(const struct fg_alloc *a)
 {
     if (fg_ipc_free(a))
@@ -205,9 +222,10 @@ FG_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     return rc;
 }
 
-/* Managed memory: the part that fits in free device memory is resident (and shown by NVML);
- * the rest lives in host memory, as with oversubscribed unified memory.  Never OOM for lack of
- * device memory. */
+/* Managed memory: nothing is resident on the device until the device touches it (a kernel,
+ * cuda_um.c) or it is prefetched there, as on a GPU with concurrent managed access ("pages are
+ * populated on first touch"); until then it counts as host memory.  Never OOM for lack of device
+ * memory. */
 FG_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
     if (!dptr)
@@ -221,14 +239,8 @@ FG_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int f
     void *p = fg_map_bytes(size);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t fr = fg_dev_free(c->dev);
-    uint64_t dev = size < fr ? size : fr;
-    struct fg_alloc a = {.ptr = (uint64_t)(uintptr_t)p, .size = size, .charged = dev, .host = size - dev,
+    struct fg_alloc a = {.ptr = (uint64_t)(uintptr_t)p, .size = size, .charged = 0, .host = size,
                          .dev = c->dev, .kind = FG_ALLOC_MANAGED, .ctx = c};
-    if (fg_charge(c->dev, dev, FG_KIND_MANAGED_DEV) != CUDA_SUCCESS) {
-        a.charged = 0; /* lost a race for the free memory: all of it in host memory */
-        a.host = size;
-    }
     fg_charge(c->dev, a.host, FG_KIND_MANAGED_HOST);
     if (fg_alloc_insert(&a) != 0) {
         release(&a);

@@ -8,6 +8,10 @@
  *   "spin"    (unsigned long long ns)  runs ns nanoseconds
  *   "spin_us" (unsigned long long us)  runs us microseconds
  *   "noop"    ()                       runs 0 ns
+ *   "touch"   (CUdeviceptr p, unsigned long long bytes)  reads [p, p+bytes) once: its run time is
+ *             what that costs where the bytes live (cuda_um.c: device memory at the device's
+ *             memory bandwidth, host memory at its host-link bandwidth; managed memory migrates
+ *             first, as on a fault)
  *   any other kernel                   runs FG_KERNEL_NS
  * (fakegpu-burn ships PTX with a "spin" kernel of the same signature that spins on %globaltimer,
  * so the same program runs on a real GPU.)  Global variables get host-backed memory of their size
@@ -32,6 +36,7 @@ CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 #define KIND_SPIN_US 2
 #define KIND_NOOP 3
 #define KIND_OTHER 4
+#define KIND_TOUCH 5
 #define MAX_KERNEL_NS (3600ULL * 1000000000ULL)
 #define FG_MAGIC_LIB 0x42494c46u
 
@@ -71,6 +76,7 @@ static int func_kind(const char *name)
 {
     return !strcmp(name, "spin") ? KIND_SPIN_NS : !strcmp(name, "spin_us") ? KIND_SPIN_US
            : !strcmp(name, "noop")                                      ? KIND_NOOP
+           : !strcmp(name, "touch")                                     ? KIND_TOUCH
                                                                          : KIND_OTHER;
 }
 
@@ -549,14 +555,14 @@ FG_API CUresult cuFuncLoad(CUfunction f)
     return func_valid(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-/* The kernel's first 8-byte argument, from kernelParams or the `extra` buffer form
+/* The kernel's k-th 8-byte argument (k < 2), from kernelParams or the `extra` buffer form
  * (CU_LAUNCH_PARAM_BUFFER_POINTER = 1, CU_LAUNCH_PARAM_BUFFER_SIZE = 2, END = 0). */
-static int first_arg(void **params, void **extra, uint64_t *out)
+static int nth_arg(void **params, void **extra, unsigned k, uint64_t *out)
 {
     if (params) {
-        if (!params[0])
+        if (!params[k])
             return -1;
-        memcpy(out, params[0], sizeof(*out));
+        memcpy(out, params[k], sizeof(*out));
         return 0;
     }
     if (!extra)
@@ -571,11 +577,13 @@ static int first_arg(void **params, void **extra, uint64_t *out)
         else
             return -1;
     }
-    if (!buf || size < sizeof(*out))
+    if (!buf || size < (k + 1) * sizeof(*out))
         return -1;
-    memcpy(out, buf, sizeof(*out));
+    memcpy(out, (const char *)buf + k * sizeof(*out), sizeof(*out));
     return 0;
 }
+
+static int first_arg(void **params, void **extra, uint64_t *out) { return nth_arg(params, extra, 0, out); }
 
 static void sleep_ns(uint64_t ns)
 {
@@ -595,15 +603,13 @@ CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned
         return CUDA_ERROR_INVALID_VALUE;
     if (params && extra)
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t dur = 0, arg = 0;
+    uint64_t dur = 0, arg = 0, bytes = 0;
     if (f->kind == KIND_OTHER) {
         dur = FG_KERNEL_NS;
     } else if (f->kind != KIND_NOOP) {
-        if (first_arg(params, extra, &arg) != 0)
+        if (first_arg(params, extra, &arg) != 0 || (f->kind == KIND_TOUCH && nth_arg(params, extra, 1, &bytes) != 0))
             return CUDA_ERROR_INVALID_VALUE;
         dur = f->kind == KIND_SPIN_US ? (arg > MAX_KERNEL_NS / 1000 ? MAX_KERNEL_NS : arg * 1000) : arg;
-        if (dur > MAX_KERNEL_NS)
-            dur = MAX_KERNEL_NS;
     }
     int dev = 0, idx = 0;
     if ((rc = fg_stream_resolve(s, per_thread, &dev, &idx)))
@@ -615,6 +621,10 @@ CUresult fg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned
         if (fg_capture_kernel(s, per_thread, f, grid, block, f->kind != KIND_NOOP ? first : NULL, &rc))
             return rc;
     }
+    if (f->kind == KIND_TOUCH && (rc = fg_um_touch_ns(dev, arg, bytes, &dur)))
+        return rc;
+    if (dur > MAX_KERNEL_NS)
+        dur = MAX_KERNEL_NS;
     struct fg_state *st = fg_g.st;
     for (;;) {
         fg_lock();

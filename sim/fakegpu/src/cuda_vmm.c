@@ -334,6 +334,21 @@ int fg_vmm_mapped(uint64_t p, uint64_t n)
     return ok;
 }
 
+/* 1 if p lies in a mapping of a host-located handle (the kernel "touch" reads it over the host
+ * link: cuda_um.c) */
+int fg_vmm_host(uint64_t p)
+{
+    int host = 0;
+    pthread_mutex_lock(&g_vmu);
+    for (int i = 0; i < MAX_MAPS; i++)
+        if (g_maps[i].h && p >= g_maps[i].ptr && p - g_maps[i].ptr < g_maps[i].size) {
+            host = g_maps[i].h->host;
+            break;
+        }
+    pthread_mutex_unlock(&g_vmu);
+    return host;
+}
+
 /* CUmemAccessDesc: location {type, id}, flags (int) = 12 bytes */
 FG_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const int *desc, size_t count)
 {

@@ -28,6 +28,11 @@ static void default_device(struct fg_devcfg *d, unsigned i)
     d->cc_major = 9;
     d->cc_minor = 0;
     d->minor_number = i;
+    /* An H200: HBM3e at 4.8 TB/s (NVIDIA H200 Tensor Core GPU datasheet, "GPU Memory Bandwidth
+     * 4.8TB/s"), host memory over PCIe Gen5 x16 at 64 GB/s per direction (the datasheet's
+     * "PCIe Gen5: 128GB/s" both ways; PCI-SIG PCIe 5.0: 32 GT/s per lane, 16 lanes). */
+    d->memory_bandwidth = 4800000000000ULL;
+    d->host_link_bandwidth = 64000000000ULL;
 }
 
 void fg_config_defaults(struct fg_config *c)
@@ -133,7 +138,8 @@ static int known(const char *k, const char *const *keys)
 
 static const char *const DEVICE_KEYS[] = {"uuid", "name", "pci_bus_id", "numa_node", "memory", "context_overhead",
                                           "reserved", "pci_device_id", "sm_count", "cc_major", "cc_minor",
-                                          "minor_number", "mig_profiles", "mig_mode", NULL};
+                                          "minor_number", "memory_bandwidth", "host_link_bandwidth", "mig_profiles",
+                                          "mig_mode", NULL};
 static const char *const NODE_KEYS[] = {"driver_version", "queue_depth", "timeslice_us", "sample_period_ms",
                                         "util_window_ms", "cuda_version", "gpus", NULL};
 
@@ -169,6 +175,10 @@ static int device_key(struct fg_devcfg *d, const char *k, const char *v)
         return (d->context_overhead = u, 0);
     if (!strcmp(k, "reserved"))
         return (d->reserved = u, 0);
+    if (!strcmp(k, "memory_bandwidth"))
+        return u > 0 ? (d->memory_bandwidth = u, 0) : -1;
+    if (!strcmp(k, "host_link_bandwidth"))
+        return u > 0 ? (d->host_link_bandwidth = u, 0) : -1;
     if (u > 0xffffffffULL)
         return -1;
     if (!strcmp(k, "pci_device_id"))

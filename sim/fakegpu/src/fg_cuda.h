@@ -136,6 +136,25 @@ int fg_phys(CUdevice d);          /* CUDA ordinal -> state index, -1 if invalid 
 int fg_ordinal_of(int physdev);    /* state index -> CUDA ordinal, -1 if hidden */
 uint64_t fg_dev_free(int dev);     /* physically free bytes */
 int fg_vmm_mapped(uint64_t p, uint64_t n);
+int fg_vmm_host(uint64_t p);      /* 1 if p is mapped to a host-located handle (cuda_vmm.c) */
+
+/* cuda_um.c: unified memory.  Advice of a managed allocation (whole allocations: a range
+ * advised applies to every allocation it overlaps). */
+#define FG_LOC_NONE 0
+#define FG_LOC_DEVICE 1
+#define FG_LOC_HOST 2
+struct fg_um_advice {
+    int pref;             /* FG_LOC_*: preferred location */
+    int pref_dev;         /* state index, with FG_LOC_DEVICE */
+    uint32_t accessed_by; /* state indices with SET_ACCESSED_BY */
+    int read_mostly;
+};
+/* Device time of a kernel that reads [ptr, ptr+bytes) once on device dev (state index): device
+ * memory at memory_bandwidth, host memory (pinned, host-resident managed, host-NUMA VMM) at
+ * host_link_bandwidth; managed memory without a host preference migrates to the device first
+ * where it fits.  CUDA_SUCCESS, or CUDA_ERROR_INVALID_VALUE for an address outside any
+ * allocation. */
+CUresult fg_um_touch_ns(int dev, uint64_t ptr, uint64_t bytes, uint64_t *ns);
 
 /* cuda_mem.c: the allocation table */
 #define FG_ALLOC_DEVICE 1
@@ -153,7 +172,7 @@ struct fg_alloc {
     uint64_t ptr;
     uint64_t size;     /* bytes usable */
     uint64_t charged;  /* bytes charged to the device (managed: resident part) */
-    uint64_t host;     /* managed bytes living in host memory */
+    uint64_t host;     /* managed bytes not on the device (host-resident or not yet touched) */
     int dev;
     int kind;
     struct fg_ctx *ctx;
@@ -161,6 +180,7 @@ struct fg_alloc {
     int shared;        /* index + 1 of its entry in the state's shared table (cuda_ipc.c), 0 none */
     uint64_t shared_gen;
     int refs;          /* FG_ALLOC_IMPORT: cuIpcOpenMemHandle opens of the same handle */
+    struct fg_um_advice um; /* managed: the cuMemAdvise state (cuda_um.c) */
 };
 /* Replaces the record of the allocation at ptr (same start). 0 or -1. */
 int fg_alloc_update(const struct fg_alloc *a);
@@ -170,6 +190,9 @@ int fg_alloc_insert(const struct fg_alloc *a);
 int fg_alloc_remove(uint64_t ptr, struct fg_alloc *out); /* exact start */
 /* Finds the allocation containing [p, p+n); 0 or -1. */
 int fg_alloc_find(uint64_t p, uint64_t n, struct fg_alloc *out);
+/* Calls fn on every allocation overlapping [p, p+n) under the table lock, in address order
+ * (fn may charge and uncharge; it must not call the table).  Returns how many. */
+int fg_alloc_each(uint64_t p, uint64_t n, void (*fn)(struct fg_alloc *, void *), void *arg);
 void fg_alloc_free_ctx(struct fg_ctx *c); /* frees every allocation of a context */
 void *fg_map_bytes(uint64_t size);
 /* [p, p+n) inside one device allocation (or mapped VMM range) of this process: 0 or an error */

@@ -50,6 +50,8 @@ struct fg_devcfg {
     uint32_t sm_count;
     uint32_t cc_major, cc_minor;
     uint32_t minor_number;
+    uint64_t memory_bandwidth;    /* bytes/s a kernel reads device memory at (HBM) */
+    uint64_t host_link_bandwidth; /* bytes/s a kernel reads host memory at (PCIe, one direction) */
     uint32_t mig_table; /* MIG profile table (fg_mig.c) + 1; 0: no table (MIG reads disabled); FG_MIG_INCAPABLE */
     uint32_t mig_mode;  /* MIG mode at state creation */
 };

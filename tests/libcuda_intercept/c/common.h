@@ -50,6 +50,12 @@ typedef struct CUmod_st *CUmodule;
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 2, (CUgraphExec, CUstream))                          \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0,                                 \
       (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
+    X(cuMemSetAccess, "cuMemSetAccess", 10020, 0, (CUdeviceptr, size_t, const void *, size_t))         \
+    X(cuEventCreate, "cuEventCreate", 2000, 0, (CUevent *, unsigned))                                  \
+    X(cuEventRecord, "cuEventRecord", 2000, 0, (CUevent, CUstream))                                    \
+    X(cuEventSynchronize, "cuEventSynchronize", 2000, 0, (CUevent))                                    \
+    X(cuMemAdvise_v2, "cuMemAdvise", 12020, 0, (CUdeviceptr, size_t, int, CUmemLocation))              \
+    X(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0, (CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream)) \
     API_FUNCS_PATHS(X)
 
 /* the allocation paths of paths.c and matrix.c */
@@ -125,5 +131,10 @@ extern int (*link_hook)(const char *mode);
 /* 1 if p lies in libvgpu*.so */
 int in_libvgpu(const void *p);
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* PTX of the kernel "touch(const u64 *p, u64 bytes)": every thread of a grid-stride loop reads
+ * its 8-byte words of [p, p + bytes) once (a memory-bound kernel).  The simulator runs a kernel
+ * of that name for what reading those bytes costs where they live (docs/developers/simulators.md). */
+extern const char touch_ptx[];
 
 #endif

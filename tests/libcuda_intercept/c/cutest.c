@@ -35,6 +35,7 @@ static CUmemoryPool pool;
 static CUdevice cur_dev;
 static CUcontext cur_ctx;
 static CUfunction noop_fn;
+static CUfunction touch_fn;
 
 static const char noop_ptx[] = ".version 6.0\n.target sm_50\n.address_size 64\n.visible .entry noop()\n{\n ret;\n}\n";
 
@@ -50,6 +51,12 @@ static void usage(void)
             " pool SIZE           cuMemAllocFromPoolAsync on a pool of the current device\n"
             " pooltrim / pooldestroy\n"
             " vmm SIZE            cuMemCreate; vmap I, vunmap I, vrelease I\n"
+            " vfull SIZE          cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess (device)\n"
+            " vmmfd SIZE          cuMemCreate exportable as a descriptor; vexport I: export it\n"
+            " advise I ADV TYPE ID  cuMemAdvise_v2 on allocation I; prefetch I TYPE ID (+ sync)\n"
+            " touch / touchq      one pass of the kernel \"touch\" over every allocation and mapping\n"
+            "                     (+ sync / queued only); afreeq I: cuMemFreeAsync without sync\n"
+            " touchfor SEC        passes back to back for SEC seconds (one queued ahead): completion times\n"
             " array W H           cuArrayCreate_v2 (1 channel float); adestroy I\n"
             " info / total        cuMemGetInfo_v2 / cuDeviceTotalMem_v2\n"
             " uuid                cuDeviceGetUuid of the current device, as GPU-...\n"
@@ -158,6 +165,40 @@ static void get_noop(void)
         A.cuModuleGetFunction(&noop_fn, m, "noop");
 }
 
+static void get_touch(void)
+{
+    if (touch_fn || !A.cuModuleLoadData || !A.cuModuleGetFunction)
+        return;
+    CUmodule m;
+    if (A.cuModuleLoadData(&m, touch_ptx) == CUDA_SUCCESS)
+        A.cuModuleGetFunction(&touch_fn, m, "touch");
+}
+
+static CUresult touch_one(CUdeviceptr p, size_t n)
+{
+    unsigned long long a = p, b = n;
+    void *args[2] = {&a, &b};
+    return A.cuLaunchKernel(touch_fn, 1024, 1, 1, 256, 1, 1, 0, NULL, args, NULL);
+}
+
+/* one pass over every allocation and mapping: the first error, or 0 */
+static CUresult touch_pass(unsigned long long *bytes)
+{
+    CUresult rc = CUDA_SUCCESS;
+    *bytes = 0;
+    for (int k = 0; k < nptr && !rc; k++)
+        if (ptrs[k]) {
+            rc = touch_one(ptrs[k], sizes[k]);
+            *bytes += sizes[k];
+        }
+    for (int k = 0; k < nvh && !rc; k++)
+        if (vva[k]) {
+            rc = touch_one(vva[k], vsz[k]);
+            *bytes += vsz[k];
+        }
+    return rc;
+}
+
 static pid_t child_pid;
 
 int main(int argc, char **argv)
@@ -184,13 +225,13 @@ int main(int argc, char **argv)
             printf("alloc size=%zu rc=%d idx=%d ns=%.0f\n", n, rc, rc ? -1 : nptr, t1 - t0);
             if (!rc)
                 add_ptr(p, n);
-        } else if (!strcmp(c, "free") || !strcmp(c, "afree")) {
+        } else if (!strcmp(c, "free") || !strcmp(c, "afree") || !strcmp(c, "afreeq")) {
             int k = idx_arg(ARG(), nptr);
             CUresult rc;
             if (c[0] == 'a') {
                 NEEDF(cuMemFreeAsync_ptsz);
                 rc = A.cuMemFreeAsync_ptsz(ptrs[k], NULL);
-                if (A.cuStreamSynchronize)
+                if (A.cuStreamSynchronize && !c[5]) /* afreeq: no synchronisation */
                     A.cuStreamSynchronize(NULL);
             } else {
                 rc = A.cuMemFree_v2(ptrs[k]);
@@ -262,13 +303,15 @@ int main(int argc, char **argv)
             NEEDF(cuMemPoolDestroy);
             printf("pooldestroy rc=%d\n", pool ? A.cuMemPoolDestroy(pool) : -1);
             pool = NULL;
-        } else if (!strcmp(c, "vmm")) {
+        } else if (!strcmp(c, "vmm") || !strcmp(c, "vmmfd")) {
             size_t n = num(ARG());
             CUmemAllocationProp prop;
             memset(&prop, 0, sizeof prop);
             prop.type = 1; /* PINNED */
             prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
             prop.location.id = cur_dev;
+            if (c[3] == 'f')
+                prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
             char pad[64] = {0}; /* room for allocFlags of newer headers */
             (void)pad;
             NEEDF(cuMemCreate);
@@ -279,6 +322,12 @@ int main(int argc, char **argv)
                 vh[nvh] = h;
                 vsz[nvh++] = n;
             }
+        } else if (!strcmp(c, "vexport")) {
+            int k = idx_arg(ARG(), nvh);
+            NEEDF(cuMemExportToShareableHandle);
+            int fd = -1;
+            CUresult rc = A.cuMemExportToShareableHandle(&fd, vh[k], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            printf("vexport idx=%d rc=%d\n", k, rc);
         } else if (!strcmp(c, "vmap")) {
             int k = idx_arg(ARG(), nvh);
             NEEDF(cuMemAddressReserve);
@@ -298,6 +347,90 @@ int main(int argc, char **argv)
             int k = idx_arg(ARG(), nvh);
             NEEDF(cuMemRelease);
             printf("vrelease idx=%d rc=%d\n", k, A.cuMemRelease(vh[k]));
+        } else if (!strcmp(c, "vfull")) {
+            size_t n = num(ARG());
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = 1; /* PINNED */
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = cur_dev;
+            NEEDF(cuMemCreate);
+            NEEDF(cuMemAddressReserve);
+            NEEDF(cuMemMap);
+            NEEDF(cuMemSetAccess);
+            CUmemGenericAllocationHandle h = 0;
+            CUdeviceptr va = 0;
+            CUresult rc = A.cuMemCreate(&h, n, &prop, 0), rm = -1, ra = -1;
+            if (!rc && nvh < MAXP) {
+                struct {
+                    CUmemLocation location;
+                    int flags;
+                } acc = {{CU_MEM_LOCATION_TYPE_DEVICE, cur_dev}, 3 /* READWRITE */};
+                if (!(rm = A.cuMemAddressReserve(&va, n, 0, 0, 0)))
+                    rm = A.cuMemMap(va, n, 0, h, 0);
+                if (!rm)
+                    ra = A.cuMemSetAccess(va, n, &acc, 1);
+                vh[nvh] = h;
+                vva[nvh] = rm ? 0 : va;
+                vsz[nvh++] = n;
+            }
+            printf("vfull size=%zu rc=%d map=%d access=%d idx=%d\n", n, rc, rm, ra, rc ? -1 : nvh - 1);
+        } else if (!strcmp(c, "advise") || !strcmp(c, "prefetch")) {
+            int k = idx_arg(ARG(), nptr);
+            int adv = c[0] == 'a' ? (int)num(ARG()) : 0;
+            CUmemLocation loc = {.type = (int)num(ARG()), .id = (int)num(ARG())};
+            CUresult rc;
+            if (c[0] == 'a') {
+                NEEDF(cuMemAdvise_v2);
+                rc = A.cuMemAdvise_v2(ptrs[k], sizes[k], adv, loc);
+            } else {
+                NEEDF(cuMemPrefetchAsync_v2);
+                rc = A.cuMemPrefetchAsync_v2(ptrs[k], sizes[k], loc, 0, NULL);
+                if (!rc && A.cuCtxSynchronize)
+                    rc = A.cuCtxSynchronize();
+            }
+            printf("%s idx=%d rc=%d\n", c, k, rc);
+        } else if (!strcmp(c, "touch") || !strcmp(c, "touchq")) {
+            NEEDF(cuLaunchKernel);
+            NEEDF(cuCtxSynchronize);
+            get_touch();
+            unsigned long long bytes;
+            double t0 = now_ns();
+            CUresult rc = touch_pass(&bytes);
+            CUresult rs = c[5] ? 0 : A.cuCtxSynchronize(); /* touchq: queued, not waited for */
+            printf("touch rc=%d sync=%d bytes=%llu ns=%.0f\n", rc, rs, bytes, now_ns() - t0);
+        } else if (!strcmp(c, "touchfor")) {
+            /* Passes back to back, the next one queued before waiting for the last, so the device
+             * never idles for a launch: prints each pass's completion time (CLOCK_MONOTONIC ns,
+             * comparable across the processes of the machine). */
+            double sec = (double)num(ARG());
+            NEEDF(cuLaunchKernel);
+            NEEDF(cuEventCreate);
+            NEEDF(cuEventRecord);
+            NEEDF(cuEventSynchronize);
+            get_touch();
+            CUevent ev[2];
+            if (A.cuEventCreate(&ev[0], CU_EVENT_DISABLE_TIMING) || A.cuEventCreate(&ev[1], CU_EVENT_DISABLE_TIMING))
+                die("cuEventCreate failed");
+            unsigned long long bytes = 0, passes = 0;
+            double start = now_ns();
+            CUresult rc = touch_pass(&bytes);
+            if (!rc)
+                rc = A.cuEventRecord(ev[0], NULL);
+            printf("touchfor start=%.0f bytes=%llu\n", start, bytes);
+            for (int cur = 0; !rc;) {
+                int more = now_ns() - start < sec * 1e9;
+                if (more && !(rc = touch_pass(&bytes)))
+                    rc = A.cuEventRecord(ev[cur ^ 1], NULL);
+                if (rc || (rc = A.cuEventSynchronize(ev[cur])))
+                    break;
+                passes++;
+                printf("pass n=%llu t=%.0f\n", passes, now_ns());
+                if (!more)
+                    break;
+                cur ^= 1;
+            }
+            printf("touchfor rc=%d passes=%llu end=%.0f\n", rc, passes, now_ns());
         } else if (!strcmp(c, "array")) {
             CUDA_ARRAY_DESCRIPTOR d = {.Width = num(ARG()), .Height = 0, .Format = 0x20, .NumChannels = 1};
             d.Height = num(ARG());

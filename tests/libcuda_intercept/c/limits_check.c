@@ -19,7 +19,7 @@ int main(int argc, char **argv)
     }
     printf("ok %u\n", l.count);
     for (unsigned i = 0; i < l.count; i++)
-        printf("dev %s %llu %u %d\n", l.dev[i].uuid, (unsigned long long)l.dev[i].memory_limit, l.dev[i].core_percent,
-               l.dev[i].oversubscribe);
+        printf("dev %s %llu %u %d %llu\n", l.dev[i].uuid, (unsigned long long)l.dev[i].memory_limit,
+               l.dev[i].core_percent, l.dev[i].oversubscribe, (unsigned long long)l.dev[i].device_limit);
     return 0;
 }
