@@ -24,7 +24,14 @@ LD_PRELOAD=build/libvgpu.so; every figure is "through the library" minus
   through the library (HAMi #1662: about a minute), the median over rounds of
   each round's percentile.  Target: p99 <= 50 ms on a 2-core VM.  The same
   without the library is printed for comparison (init_p99_ms_n256_direct): the
-  simulated driver's own start-up is most of it.
+  simulated driver's own start-up is most of it.  The processes stay alive
+  until all 256 have reported, as workers that start together keep running
+  (exits in the middle of the burst would measure the teardown of the early
+  ones against the start of the late ones), and each burst starts after the
+  previous one's processes are gone from the simulator (a real driver frees a
+  process's contexts when it exits; the simulator reclaims the slots of exited
+  processes lazily, on a later start, which here is one process before the
+  burst).
 
 Prints name=value lines, the last one a summary.
 """
@@ -112,21 +119,26 @@ def together(tmp: Path, lib: bool, argv: list[str], n: int) -> list[dict[str, fl
 
 def burst(tmp: Path, lib: bool, n: int) -> list[float]:
     """n processes blocked on one pipe, released by closing it: each one's latency (ms) from
-    the release to the end of its CUDA start-up and first allocation."""
+    the release to the end of its CUDA start-up and first allocation.  They stay alive (blocked
+    on a second pipe) until all have reported."""
+    time.sleep(0.02)  # older than the simulator's lazy reclaim interval (FG_REAP_NS, 10 ms)
+    together(tmp, lib, ["init"], 1)  # reclaims the slots of the previous burst's processes
     release = tmp / "release"
     release.unlink(missing_ok=True)
     r, w = os.pipe()
+    hold_r, hold_w = os.pipe()
     procs = []
     try:
         for _ in range(n):
             procs.append(
                 subprocess.Popen(
-                    [str(PROG), "init", str(release)],
+                    [str(PROG), "init", str(release), str(hold_r)],
                     env=env_for(tmp, lib),
                     stdin=r,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
+                    pass_fds=(hold_r,),
                 )
             )
         for p in procs:
@@ -141,12 +153,23 @@ def burst(tmp: Path, lib: bool, n: int) -> list[float]:
     finally:
         os.close(r)
         os.close(w)  # the release: every reader sees EOF at once
+        os.close(hold_r)
     lat = []
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        if p.returncode != 0:
-            raise RuntimeError(err)
-        lat.append(values(out)["init_latency_ns"] / 1e6)
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            out = ""
+            while (line := p.stdout.readline()) not in ("done\n", ""):
+                out += line
+            if "init_latency_ns" not in out:
+                raise RuntimeError(f"benchmark process reported no latency: {out!r}")
+            lat.append(values(out)["init_latency_ns"] / 1e6)
+    finally:
+        os.close(hold_w)  # all reported (or one failed): let them exit
+        for p in procs:
+            _, err = p.communicate(timeout=600)
+            if p.returncode != 0:
+                raise RuntimeError(err)
     return sorted(lat)
 
 

@@ -6,10 +6,13 @@
  *   bench_intercept launch N        ns per cuLaunchKernel call (N calls)
  *   bench_intercept allocfree K S   K alloc+free pairs of S bytes, after a
  *                                   start barrier (stdin EOF): ns per pair
- *   bench_intercept init [FILE]     after the barrier: cuInit + context +
+ *   bench_intercept init [FILE [FD]]
+ *                                   after the barrier: cuInit + context +
  *                                   first alloc/free; wall ns (and, with FILE,
  *                                   the latency from the CLOCK_MONOTONIC ns
- *                                   the releaser wrote there)
+ *                                   the releaser wrote there); with FD, a
+ *                                   "done" line and then alive until FD
+ *                                   reads EOF (a worker that keeps running)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,12 +30,14 @@ static long long ns(clockid_t c)
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static void barrier(void)
+static void barrier_on(int fd)
 {
     char b[16];
-    while (read(0, b, sizeof b) > 0)
+    while (read(fd, b, sizeof b) > 0)
         ;
 }
+
+static void barrier(void) { barrier_on(0); }
 
 static void init_ctx(void)
 {
@@ -84,7 +89,7 @@ int main(int argc, char **argv)
         printf("pair_wall_ns %.1f\npair_cpu_ns %.1f\n", (double)(w1 - w0) / (double)k, (double)(c1 - c0) / (double)k);
         return 0;
     }
-    if (!strcmp(argv[1], "init") && (argc == 2 || argc == 3)) {
+    if (!strcmp(argv[1], "init") && argc >= 2 && argc <= 4) {
         printf("ready\n");
         fflush(stdout);
         barrier();
@@ -99,13 +104,18 @@ int main(int argc, char **argv)
         getrusage(RUSAGE_SELF, &r1);
         printf("init_wall_ns %lld\ninit_cpu_ns %lld\n", w1 - w0, c1 - c0);
         printf("init_minflt %ld\ninit_nvcsw %ld\n", r1.ru_minflt - r0.ru_minflt, r1.ru_nvcsw - r0.ru_nvcsw);
-        if (argc == 3) {
+        if (argc >= 3) {
             FILE *f = fopen(argv[2], "r");
             long long rel = 0;
             if (!f || fscanf(f, "%lld", &rel) != 1)
                 die("no release time in %s", argv[2]);
             fclose(f);
             printf("init_latency_ns %lld\n", w1 - rel);
+        }
+        if (argc == 4) {
+            printf("done\n");
+            fflush(stdout);
+            barrier_on(atoi(argv[3]));
         }
         return 0;
     }
