@@ -115,14 +115,8 @@ class Box:
         simulated GPU's count of the memory of the container's processes at that moment."""
         proc = self.start(cid, argv, extra_ro, env)
         assert proc.stdout is not None and proc.stdin is not None
-        lines: list[str] = []
         try:
-            for line in proc.stdout:
-                lines.append(line)
-                if line.strip() == "holding":
-                    break
-            else:
-                raise AssertionError("".join(lines) + (proc.stderr.read() if proc.stderr else ""))
+            out = cudart.read_until_holding(proc)
             st = self.gpu.state()
             used = sum(int(p["devices"][0]["used"]) for p in st["processes"])
             # the container really got the hook's files: libvgpu.so preloaded from /run/vgpu
@@ -131,7 +125,7 @@ class Box:
             proc.stdin.close()
             proc.wait(timeout=60)
             subprocess.run(["runc", "--root", str(self.runc_root), "delete", "--force", cid], capture_output=True)
-        return "".join(lines), used
+        return out, used
 
 
 @pytest.fixture

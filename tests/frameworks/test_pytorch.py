@@ -52,20 +52,14 @@ def run_holding(node: Node, argv: list[str], env: dict[str, str]) -> tuple[dict[
         argv, env=node.env(True, env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stdin is not None
-    lines: list[str] = []
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.strip() == "holding":
-                break
-        else:
-            raise AssertionError("".join(lines) + (proc.stderr.read() if proc.stderr else ""))
+        out = cudart.read_until_holding(proc)
         [p] = [p for p in node.dump()["processes"] if p["host_pid"] == proc.pid]
         used = int(p["devices"][0]["used"])
     finally:
         proc.stdin.close()
         proc.wait(timeout=120)
-    return cudart.parse("".join(lines)), used
+    return cudart.parse(out), used
 
 
 @pytest.mark.parametrize("conf", ["", "expandable_segments:True", "backend:cudaMallocAsync"])
@@ -160,15 +154,9 @@ def test_oversubscribed_pytorch_keeps_to_its_physical_share(node_plain: Node, py
         text=True,
     )
     assert proc.stdout is not None and proc.stdin is not None
-    lines: list[str] = []
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.strip() == "holding":
-                break
-        else:
-            raise AssertionError("".join(lines) + (proc.stderr.read() if proc.stderr else ""))
-        [row] = cudart.parse("".join(lines))["fill"]
+        out = cudart.read_until_holding(proc)
+        [row] = cudart.parse(out)["fill"]
         [me] = [p for p in node.dump()["processes"] if p["host_pid"] == proc.pid]
         resident, host = int(me["devices"][0]["used"]), int(me["devices"][0]["managed_host"])
         # the whole slice is usable (less the allocator's rounding), at most the share on the device

@@ -55,15 +55,9 @@ def fill_and_check_neighbour(
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdin is not None
-    lines = []
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.strip() == "holding":
-                break
-        else:
-            raise AssertionError("".join(lines) + (proc.stderr.read() if proc.stderr else ""))
-        assert device_resident(node, proc.pid) == on_device <= 8 * GiB, "".join(lines)
+        out = cudart.read_until_holding(proc)
+        assert device_resident(node, proc.pid) == on_device <= 8 * GiB, out
         b = node.popen("gpa", "init", *["alloc", GiB] * 8, "wait", env=container(node, "b"))
         assert b.stdout is not None and b.stdin is not None
         got = []
@@ -78,7 +72,7 @@ def fill_and_check_neighbour(
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
-    [row] = cudart.parse("".join(lines))["fill"]
+    [row] = cudart.parse(out)["fill"]
     return row
 
 

@@ -51,19 +51,13 @@ def run_holding(node: Node, argv: list[str], env: dict[str, str] | None = None) 
         argv, env=node.env(True, env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stdin is not None
-    lines = []
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.strip() == "holding":
-                break
-        else:
-            raise AssertionError("".join(lines) + (proc.stderr.read() if proc.stderr else ""))
+        out = cudart.read_until_holding(proc)
         used = sim_used(node, proc.pid)
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
-    return "".join(lines), used
+    return out, used
 
 
 KINDS = ["malloc", "pitch", "managed", "async", "pool", "graph"]

@@ -98,3 +98,15 @@ def parse(out: str) -> dict[str, list[dict[str, str]]]:
             continue
         rows.setdefault(parts[0], []).append(dict(p.split("=", 1) for p in parts[1:] if "=" in p))
     return rows
+
+
+def read_until_holding(proc: subprocess.Popen[str]) -> str:
+    """The output of a test program up to its `holding` line (it then keeps its memory until its
+    stdin closes); fails with the output and stderr when it ends before."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.strip() == "holding":
+            return "".join(lines)
+    raise AssertionError("".join(lines) + (proc.stderr.read() if proc.stderr else ""))
