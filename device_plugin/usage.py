@@ -15,7 +15,11 @@ the kubelet writes right after each Allocate (manager.go allocateContainerResour
 writeCheckpoint), and, for a slice that followed a scheduler decision, from Allocate itself. A
 record the checkpoint does not name yet (the moment between our answer and the kubelet's write, or
 a checkpoint that cannot be read) is published without a name: the scheduler counts it as long as
-it is published, never less.
+it is published, never less. A record that a readable checkpoint, written at least
+`UNHELD_AFTER_S` after the record, does not hold is not published: the kubelet writes its whole
+state at each write, so it no longer holds that answer (its pod is gone) even if the record stays
+on disk for the collector's grace (records.py). After a restart, which loses Allocate's names,
+such records would otherwise make the node look full until the collector deletes them.
 
 A slot named by records of several pods is the newest pod's (the kubelet gives a device to one
 pod at a time; the older records belong to pods that ended). Records of one pod that share a slot
@@ -44,6 +48,11 @@ from vgpu.paths import Paths
 from vgpu.schemas import AllocationRecord
 
 log = logging.getLogger(__name__)
+
+# The kubelet records an answer in its checkpoint right after Allocate returns (manager.go
+# allocateContainerResources -> writeCheckpoint); a checkpoint written this long after a record
+# and without it means the kubelet does not hold that answer.
+UNHELD_AFTER_S = 5.0
 
 
 def _shape(gpus: Iterable[tuple[str, int, int]]) -> tuple[tuple[str, int, int], ...]:
@@ -101,7 +110,7 @@ class Tracker:
         self._lock = threading.Lock()
         self._tags: dict[str, tuple[str, str]] = {}  # from Allocate (decisions) and the API (rebuild)
         self._held: dict[str, tuple[str, str]] = {}  # from the kubelet's checkpoint
-        self._sig: tuple[int, int, int] | None = None
+        self._sig: tuple[int, int, int] | None = None  # of the last checkpoint read (inode, size, mtime ns)
         self.placed: Callable[[], dict[str, Placed]] | None = None  # dynamic MIG's instances
 
     def note(self, token: str, pod_uid: str = "", container: str = "") -> None:
@@ -148,6 +157,9 @@ class Tracker:
             for tok in [t for t in self._tags if t not in live]:
                 del self._tags[tok]
             tags = self._tags | self._held
+            written = self._sig[2] / 1e9 if self._sig is not None else None
+        if written is not None:
+            recs = [r for r in recs if r.token in tags or written < r.created + UNHELD_AFTER_S]
         placed = self.placed() if self.placed is not None else None
         return sc.NodeUsage(time=time.time() if now is None else now, slices=slices(recs, tags, placed))
 

@@ -134,6 +134,42 @@ def test_names_follow_the_kubelets_checkpoint(tmp_path: Path) -> None:
     assert sorted(s.pod for s in t.doc().slices) == ["uid-1", "uid-2"]
 
 
+def test_records_the_kubelet_no_longer_holds_are_not_published(tmp_path: Path) -> None:
+    """After a restart (Allocate's names lost) a record that the kubelet's checkpoint, written
+    later, does not hold belongs to a pod that is gone: it is not published, although it stays on
+    disk for the collector's grace; one newer than the checkpoint (the moment between an answer and
+    the kubelet's write) and every record while no checkpoint could be read still are."""
+    state = Paths(str(tmp_path / "state"))
+    records.ensure_dir(state)
+    table = DeviceTable(GPUS, Slicing(4, 1.0, 1.0))
+    store = records.RecordStore(state, "nvidia.com/gpu")
+    held = store.write(slice_for(table, [f"{U0}::0"]).gpus, False)
+    gone = store.write(slice_for(table, [f"{U1}::0"]).gpus, False)
+    ck = tmp_path / "ck"
+    t = usage.Tracker(state, "nvidia.com/gpu", str(ck))
+    assert len(t.doc().slices) == 2  # no checkpoint: both counted, unnamed
+    answer = pb.ContainerAllocateResponse()
+    answer.envs[TOKEN_ENV] = held.token
+    entry = kc.Entry("uid-1", "main", "nvidia.com/gpu", {-1: [f"{U0}::0"]}, answer.SerializeToString())
+    ck.write_bytes(kc.marshal([entry], {"nvidia.com/gpu": ["x"]}))
+    written = gone.created + 1  # too soon after the record to say the kubelet dropped it
+    os.utime(ck, (written, written))
+    assert sorted((s.gpu, s.pod) for s in t.doc().slices) == [(U0, "uid-1"), (U1, "")]
+    written = gone.created + usage.UNHELD_AFTER_S + 1
+    os.utime(ck, (written, written))
+    assert [(s.gpu, s.pod) for s in t.doc().slices] == [(U0, "uid-1")]
+    assert len(records.list_records(state)) == 2  # the record itself stays for the collector
+    # an answer given just before the kubelet's write, not in it yet: still counted
+    newer = AllocationRecord(
+        token=records.new_token(),
+        created=written - 1,
+        resource_name="nvidia.com/gpu",
+        gpus=slice_for(table, [f"{U0}::1"]).gpus,
+    )
+    store.restore(newer)
+    assert sorted((s.gpu, s.pod) for s in t.doc().slices) == [(U0, ""), (U0, "uid-1")]
+
+
 def node_usage_of(kube: KubeAPI) -> scheduling.NodeUsage | None:
     text = kube.get("nodes", NODE)["metadata"].get("annotations", {}).get(scheduling.USAGE_ANNOTATION)
     return scheduling.decode_usage(text) if text else None
