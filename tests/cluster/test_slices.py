@@ -27,6 +27,16 @@ def _sees_exactly(seen: Obj, uuid: str, memory: int) -> None:
     assert _devices(seen, "nvml") == [(uuid, memory)], seen
 
 
+def _shown(cluster: Cluster, node: str, uuid: str, memory: int) -> int:
+    """The total a container is shown for a slice of `memory` bytes: the slice, but never more than
+    the GPU's own memory (memory scaling S > 1 makes slices larger than the GPU possible;
+    docs/operators/virtual-memory.md, "What programs see")."""
+    text = (cluster.node(node)["metadata"].get("annotations") or {}).get(sc.INVENTORY_ANNOTATION)
+    assert text, f"{node}: no {sc.INVENTORY_ANNOTATION}"
+    [gpu] = [g for g in sc.decode_inventory(text).gpus if g.uuid == uuid]
+    return min(memory, gpu.memory)
+
+
 def _one_gpu(pod: Obj) -> tuple[str, str, int, int]:
     d = decision(pod)
     assert d is not None, f"no {sc.DECISION_ANNOTATION} on {pod['metadata']['name']}"
@@ -77,9 +87,9 @@ def test_two_pods_too_big_for_one_gpu_spread(cluster: Cluster, pods: Pods) -> No
         pods.create(name, {s.resource: "1", sc.RESOURCE_MEM: str(ask)})
     got = []
     for name in ("half-a", "half-b"):
-        _node, uuid, memory, _cores = _one_gpu(cluster.wait_running(name))
+        node, uuid, memory, _cores = _one_gpu(cluster.wait_running(name))
         assert memory == ask * MiB
-        _sees_exactly(cluster.seen(name), uuid, ask * MiB)
+        _sees_exactly(cluster.seen(name), uuid, _shown(cluster, node, uuid, ask * MiB))
         got.append(uuid)
     assert got[0] != got[1]
 
@@ -106,7 +116,7 @@ def test_two_pods_over_one_gpus_memory_wait_with_the_reason(cluster: Cluster, po
     cluster.delete_pod("first")
     _n, uuid, _m, _c = _one_gpu(cluster.wait_running("second"))
     assert uuid == gpu.uuid
-    _sees_exactly(cluster.seen("second"), gpu.uuid, ask * MiB)
+    _sees_exactly(cluster.seen("second"), gpu.uuid, _shown(cluster, node, gpu.uuid, ask * MiB))
 
 
 def test_the_charts_helm_test_pod_passes(cluster: Cluster, pods: Pods) -> None:
