@@ -139,6 +139,32 @@ def test_metrics_status_vgpuctl_and_extra_bytes(node, capsys) -> None:
     del b
 
 
+def test_measured_context_size_is_published_for_the_device_plugin(node) -> None:
+    """The smallest extra bytes of a process on a GPU (its base context: by the simulator's own
+    count, its context_overhead) goes to <state_dir>/context-sizes.json, once, not every pass."""
+    from vgpu import contextsizes
+
+    fakegpu, st, start_monitor, spawn = node
+    overhead = fakegpu.state()["devices"][0]["context_overhead"]
+    assert overhead > 1 * MIB
+    path = st / "context-sizes.json"
+    start_monitor()
+    a = spawn("ctx-a", 50, [fakegpu.burn, "--alloc", "512m", "--kernel-us", "100", "--seconds", "60"])
+    b = spawn("ctx-b", 50, [fakegpu.burn, "--alloc", "1g", "--kernel-us", "100", "--seconds", "60"])
+    for cid, w, charged in (("ctx-a", a, 512 * MIB), ("ctx-b", b, 256 * MIB)):
+        # b's library charged less than it holds: its extra is larger than its context
+        start = int(Path(f"/proc/{w.pid}/stat").read_text().rpartition(")")[2].split()[19])
+        _claim_slot(st / "containers" / cid / "region", 0, w.pid, start, charged)
+    assert poll(lambda: contextsizes.read(str(path)) == {fakegpu.uuids[0]: overhead}, 15), (
+        contextsizes.read(str(path)),
+        overhead,
+    )
+    written = path.stat().st_mtime_ns
+    time.sleep(2.5)  # several passes with the same measurement: no rewrite
+    assert path.stat().st_mtime_ns == written
+    assert contextsizes.read(str(path)) == {fakegpu.uuids[0]: overhead}  # GPU 1 has no process: unknown
+
+
 def test_kill9_monitor_guardian_resumes_and_restart_replays(node) -> None:
     fakegpu, st, start_monitor, spawn = node
     mon = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "2000")
