@@ -24,10 +24,6 @@ from vgpu.log import kv
 from vgpu.paths import Paths
 from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV
 
-# libvgpu.so charges each process this much for its CUDA context until the monitor has measured
-# the process (libcuda_intercept/src/state.c).
-CONTEXT_RESERVE_ENV = "VGPU_CONTEXT_RESERVE"
-
 log = logging.getLogger(__name__)
 
 # How often an idle ListAndWatch stream checks that its client is still there
@@ -43,20 +39,6 @@ def device_list(table: DeviceTable) -> tuple[int, pb.ListAndWatchResponse]:
         if numa is not None:
             d.topology.nodes.add(ID=numa)
     return version, resp
-
-
-def context_reserve(paths: Paths, uuids: list[str]) -> int:
-    """The largest context size the monitor measured among `uuids` (0: none measured yet).
-
-    A MIG device is looked up by its own UUID (the monitor measures it as a device of its own;
-    its contexts are not those of its parent GPU): unknown until a process has run on it.
-
-    Security: the container's env is untrusted, and it may override this value; that is harmless,
-    because libvgpu.so takes max(compiled default, env) (state.c), so the env can only make the
-    library's limit stricter, and a pod that lowers it only risks its own processes: the monitor's
-    memory backstop still judges what NVML sees against the limit and protects the neighbours."""
-    sizes = contextsizes.read(paths.context_sizes_path)
-    return max((sizes.get(u, 0) for u in uuids), default=0)
 
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
@@ -161,9 +143,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             cresp = out.container_responses.add()
             device_strategy.fill(cresp, sl.uuids, self.strategy)
             cresp.envs[TOKEN_ENV] = rec.token
-            reserve = context_reserve(self.paths, sl.uuids)
+            # libvgpu.so charges each process this much for its CUDA context until the monitor
+            # has measured that process: the context size the monitor measured on these GPUs.
+            # Security: the env is the container's, which may override it; harmless, since the
+            # library takes max(compiled default, env) (state.c), so the env can only make its
+            # limit stricter, and a pod that lowers it only risks its own processes (the
+            # monitor's backstop still holds what NVML sees to the limit, for the neighbours).
+            reserve = contextsizes.reserve_for(self.paths.context_sizes_path, sl.uuids)
             if reserve:
-                cresp.envs[CONTEXT_RESERVE_ENV] = str(reserve)
+                cresp.envs[contextsizes.RESERVE_ENV] = str(reserve)
             cresp.annotations[TOKEN_ANNOTATION] = rec.token
             if log.isEnabledFor(logging.INFO):  # the line is built only when it is wanted
                 log.info(

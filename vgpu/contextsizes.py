@@ -19,10 +19,14 @@ import errno
 import json
 import logging
 import os
+from collections.abc import Iterable
 
 from vgpu.schemas import write_atomic
 
 log = logging.getLogger("vgpu.contextsizes")
+
+# The environment variable libvgpu.so reads its context reserve from (libcuda_intercept/src/state.c).
+RESERVE_ENV = "VGPU_CONTEXT_RESERVE"
 
 VERSION = 1
 MAX_FILE_BYTES = 64 * 1024
@@ -91,6 +95,15 @@ def read(path: str) -> dict[str, int]:
     except ContextSizesError as e:
         log.warning("ignoring bad context sizes file %s: %s; treating them as unknown", path, e)
         return {}
+
+
+def reserve_for(path: str, uuids: Iterable[str]) -> int:
+    """What a container on `uuids` gets as VGPU_CONTEXT_RESERVE: the largest measured size among
+    them, 0 when none is measured.  A MIG device is looked up by its own UUID (the monitor
+    measures it as a device of its own; its contexts are not its parent GPU's): unknown until a
+    process has run on it."""
+    sizes = read(path)
+    return max((sizes.get(u, 0) for u in uuids), default=0)
 
 
 def write(path: str, sizes: dict[str, int]) -> None:
