@@ -29,7 +29,8 @@ class ContextSizes:
 
     def update(self, measured: dict[str, int], observed: Iterable[str], errors: Counter[str]) -> None:
         """Take this pass's measurements (GPU uuid -> bytes) and write the file if anything changed.
-        `observed`: the uuids of every device observed (others are dropped)."""
+        `observed`: the uuids of the devices in this observation, up or down (others are dropped;
+        none: NVML gave nothing this pass, nothing is dropped)."""
         seen = set(observed)
         if seen:
             for u in [u for u in self.known if u not in seen]:

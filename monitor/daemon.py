@@ -197,7 +197,7 @@ class Monitor:
         self.extra.forget_except(live)
         if read_regions:
             self.extra.update(self.gpus.values(), self.containers.values(), self.errors)
-            self.context_sizes.update(self.extra.measured, self.gpus, self.errors)
+            self.context_sizes.update(self.extra.measured, [o.uuid for o in observations], self.errors)
         if now >= nx["gc"]:
             self.collect_garbage(now)
             nx["gc"] = now + self.gc_interval
