@@ -19,6 +19,7 @@ from device_plugin.decisionpolicy import Claim, DecisionError
 from nodecore import records
 from nodecore.cli import socket_identity
 from nodecore.devices import DeviceTable
+from vgpu import contextsizes
 from vgpu.log import kv
 from vgpu.paths import Paths
 from vgpu.schemas import TOKEN_ANNOTATION, TOKEN_ENV
@@ -142,6 +143,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             cresp = out.container_responses.add()
             device_strategy.fill(cresp, sl.uuids, self.strategy)
             cresp.envs[TOKEN_ENV] = rec.token
+            # libvgpu.so charges each process this much for its CUDA context until the monitor
+            # has measured that process: the context size the monitor measured on these GPUs.
+            # Security: the env is the container's, which may override it; harmless, since the
+            # library takes max(compiled default, env) (state.c), so the env can only make its
+            # limit stricter, and a pod that lowers it only risks its own processes (the
+            # monitor's backstop still holds what NVML sees to the limit, for the neighbours).
+            reserve = contextsizes.reserve_for(self.paths.context_sizes_path, sl.uuids)
+            if reserve:
+                cresp.envs[contextsizes.RESERVE_ENV] = str(reserve)
             cresp.annotations[TOKEN_ANNOTATION] = rec.token
             if log.isEnabledFor(logging.INFO):  # the line is built only when it is wanted
                 log.info(

@@ -15,7 +15,10 @@ A container that uses a claim gets two CDI devices per allocated GPU share:
   | /run/vgpu/region | <claim>/region | rw, nosuid, nodev, bind |
   | /etc/ld.so.preload | <claim>/ld.so.preload | ro, nosuid, nodev, bind |
 
-  and set `VGPU_CLAIM_UID` (informational: the limits come from the host files only).
+  and set `VGPU_CLAIM_UID` (informational: the limits come from the host files only) and, when the
+  monitor has measured a CUDA context on the claim's GPUs, `VGPU_CONTEXT_RESERVE` (the largest of
+  those sizes, vgpu/contextsizes.py; libvgpu.so charges it per process until the monitor has
+  measured that process).
 
 One device per claim, not per share: CDI's ContainerEdits.Apply (tags.cncf.io/container-device-
 interface pkg/cdi/container-edits.go) replaces any earlier mount at the same container path, so
@@ -41,6 +44,7 @@ from typing import Any
 
 import msgspec
 
+from vgpu import contextsizes
 from vgpu import paths as vpaths
 from vgpu.schemas import write_atomic
 
@@ -84,20 +88,26 @@ def spec_file_name(claim_uid: str) -> str:
     return f"{VENDOR}-{CLASS}_{claim_uid}.json"
 
 
-def spec(claim_uid: str, files: ClaimFiles) -> dict[str, Any]:
+def spec(claim_uid: str, files: ClaimFiles, context_reserve: int = 0) -> dict[str, Any]:
     mounts = [
         {"hostPath": files.library, "containerPath": vpaths.CONTAINER_LIBRARY, "options": _RO},
         {"hostPath": files.limits, "containerPath": vpaths.CONTAINER_LIMITS, "options": _RO},
         {"hostPath": files.region, "containerPath": vpaths.CONTAINER_REGION, "options": _RW},
         {"hostPath": files.preload, "containerPath": vpaths.CONTAINER_PRELOAD, "options": _RO},
     ]
+    env = [f"{CLAIM_ENV}={claim_uid}"]
+    if context_reserve > 0:
+        # Security: the container may override it; harmless, since libvgpu.so takes
+        # max(compiled default, env) (state.c): the env can only make its own limit stricter, and
+        # lowering it only risks the claim's own processes (the monitor's backstop remains).
+        env.append(f"{contextsizes.RESERVE_ENV}={int(context_reserve)}")
     return {
         "cdiVersion": CDI_VERSION,
         "kind": KIND,
         "devices": [
             {
                 "name": claim_uid,
-                "containerEdits": {"env": [f"{CLAIM_ENV}={claim_uid}"], "mounts": mounts},
+                "containerEdits": {"env": env, "mounts": mounts},
             }
         ],
         "containerEdits": {},
@@ -115,7 +125,7 @@ class SpecDir:
         device_id(claim_uid)  # validates the name
         return os.path.join(self.cdi_dir, spec_file_name(claim_uid))
 
-    def write(self, claim_uid: str, files: ClaimFiles) -> str:
+    def write(self, claim_uid: str, files: ClaimFiles, context_reserve: int = 0) -> str:
         """Write (replace) the claim's spec atomically; returns its path.
 
         The temporary file (vgpu.schemas.write_atomic) has a leading dot and no .json/.yaml
@@ -129,10 +139,10 @@ class SpecDir:
             self._made = True
         path = self.path(claim_uid)
         try:
-            write_atomic(path, msgspec.json.encode(spec(claim_uid, files)), 0o644, durable=False)
+            write_atomic(path, msgspec.json.encode(spec(claim_uid, files, context_reserve)), 0o644, durable=False)
         except FileNotFoundError:  # the directory was removed meanwhile: make it again, once
             os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
-            write_atomic(path, msgspec.json.encode(spec(claim_uid, files)), 0o644, durable=False)
+            write_atomic(path, msgspec.json.encode(spec(claim_uid, files, context_reserve)), 0o644, durable=False)
         return path
 
     def exists(self, claim_uid: str) -> bool:

@@ -40,6 +40,7 @@ from dra_plugin.config import Settings
 from nodecore.core import NodeCore
 from nodecore.devices import Slicing
 from nodecore.records import RecordStore
+from vgpu import contextsizes
 from vgpu.log import kv
 from vgpu.schemas import AllocatedGPU, AllocationRecord, ClaimDevice, PodRef
 
@@ -159,6 +160,10 @@ class Driver:
             library=self.cfg.library_path, limits=f["limits"], region=f["region"], preload=f["preload"]
         )
 
+    def _context_reserve(self, gpus: Sequence[AllocatedGPU]) -> int:
+        """The context size the monitor measured on the claim's GPUs (0: none yet), for the spec."""
+        return contextsizes.reserve_for(self.cfg.paths.context_sizes_path, [g.uuid for g in gpus])
+
     def _ensure(self, pc: ckpt.PreparedClaim) -> None:
         """Rebuild the record, directory and spec of a checkpointed claim where missing."""
         rec = self._record_of(pc)
@@ -177,7 +182,7 @@ class Driver:
             )
             self.state.create(rec, meta, keep_metadata=True)
         if not self.specs.exists(pc.uid):
-            self.specs.write(pc.uid, self._files(pc.uid))
+            self.specs.write(pc.uid, self._files(pc.uid), self._context_reserve(pc.gpus))
             log.warning(kv("CDI spec rebuilt", claim=f"{pc.namespace}/{pc.name}", uid=pc.uid))
 
     def _sweep_orphans(self) -> None:
@@ -388,7 +393,7 @@ class Driver:
                 reserved_for=pods,
             )
             self.state.create_new(rec, meta)
-            self.specs.write(ref.uid, self._files(ref.uid))
+            self.specs.write(ref.uid, self._files(ref.uid), self._context_reserve(gpus))
         except BaseException:
             self.records.remove(rec.token)
             raise

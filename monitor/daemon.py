@@ -5,7 +5,8 @@ the status file (monitor/status.py: a stalled filesystem must not delay a resume
 HTTP server reads an immutable snapshot from its own thread.  The loop sleeps until the next
 event: an observation every `period_ms`, or an actuation edge of a GPU's duty cycle (see
 monitor/controller.py), so suspensions start and end on time without a fast polling loop.
-Region slots get NVML's extra bytes from monitor/extrabytes.py.
+Region slots get NVML's extra bytes from monitor/extrabytes.py; the smallest of them per GPU (its
+CUDA context) goes to the node file the device plugin reads (monitor/contextsizes.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from monitor import procs
 from monitor.backstop import Backstop
 from monitor.cleanup import Collector
 from monitor.containers import Container, Registry
+from monitor.contextsizes import ContextSizes
 from monitor.controller import ControlParams, GpuController, MemberInput
 from monitor.extrabytes import ExtraBytes
 from monitor.gpustate import GpuState
@@ -52,7 +54,7 @@ STALE_HOLD_S = 1.0
 # at 0 when the monitor starts: a kind that first appears with a count already above 0 is invisible
 # to Prometheus's increase()/rate(), which need a previous sample.  (`nvml_call`, the NVML reader's
 # own count, is added by monitor/metrics.py.)
-ERROR_KINDS = ("actuate", "gc", "loop", "nvml", "nvml_hang", "region_write", "status")
+ERROR_KINDS = ("actuate", "context_sizes", "gc", "loop", "nvml", "nvml_hang", "region_write", "status")
 
 
 class Monitor:
@@ -89,6 +91,7 @@ class Monitor:
         self.snapshot: dict[str, Any] = {}
         self.metrics_port = 0
         self.extra = ExtraBytes()
+        self.context_sizes = ContextSizes(paths.context_sizes_path)
         self.gc_interval = max(0.5, min(5.0, cfg.gc_grace_s / 2 if cfg.gc_grace_s > 0 else 0.5))
         self._next = {"observe": 0.0, "scan": 0.0, "region": 0.0, "status": 0.0, "gc": 0.0, "backstop": 0.0}
         self.stopping = threading.Event()
@@ -194,6 +197,7 @@ class Monitor:
         self.extra.forget_except(live)
         if read_regions:
             self.extra.update(self.gpus.values(), self.containers.values(), self.errors)
+            self.context_sizes.update(self.extra.measured, [o.uuid for o in observations], self.errors)
         if now >= nx["gc"]:
             self.collect_garbage(now)
             nx["gc"] = now + self.gc_interval

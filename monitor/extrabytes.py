@@ -27,14 +27,25 @@ class ExtraBytes:
     def __init__(self) -> None:
         self.written: dict[Tag, int] = {}  # what each slot was last given
         self.nspids: dict[ProcKey, list[int]] = {}  # a process's pids by namespace, read once
+        # GPU uuid -> the smallest extra bytes of a process on it in the last update(): the base
+        # CUDA context (a process's extra also holds its modules and the driver's caches, so the
+        # smallest is the one safe to charge every process; monitor/contextsizes.py publishes it).
+        # Only values a process showed in two updates in a row count: NVML's view and the region
+        # are read at different moments, so an allocation or free between them makes one pass's
+        # figure wrong by its size.
+        self.measured: dict[str, int] = {}
+        self.last: dict[tuple[ProcKey, str], int] = {}  # (process, GPU uuid) -> its previous extra
 
     def forget_except(self, live: set[ProcKey]) -> None:
         if len(self.nspids) > 2 * len(live) + 64:
             self.nspids = {k: v for k, v in self.nspids.items() if k in live}
+        if len(self.last) > 4 * len(live) + 64:
+            self.last = {lk: v for lk, v in self.last.items() if lk[0] in live}
 
     def update(self, gpus: Iterable[GpuState], containers: Iterable[Container], errors: Counter[str]) -> None:
         """Write into each slot the bytes NVML sees for its process beyond what the library charged."""
         up = [g for g in gpus if g.up]
+        self.measured = {}
         for c in containers:
             snap = c.region
             if snap is None:
@@ -95,6 +106,11 @@ class ExtraBytes:
                 # memory shared with other processes is counted once in the region's ledger:
                 # not again as this process's extra
                 extra = max(0, seen - s.device_bytes[j] - snap.shared_held(s.index, j))
+                prev = self.last.get((k, dev.uuid))
+                self.last[(k, dev.uuid)] = extra
+                # below the threshold: no context yet, or a charge NVML does not show yet
+                if extra >= EXTRA_WRITE_THRESHOLD and prev is not None and abs(extra - prev) < EXTRA_WRITE_THRESHOLD:
+                    self.measured[dev.uuid] = min(extra, self.measured.get(dev.uuid, extra))
                 tag = (cid, s.index, j, k.pid, k.start_time)
                 last = self.written.get(tag, s.extra_bytes[j])
                 if abs(extra - last) >= EXTRA_WRITE_THRESHOLD or (extra == 0 and last != 0):

@@ -128,6 +128,11 @@ class Paths:
         return os.path.join(self.monitor_dir, "status.json")
 
     @property
+    def context_sizes_path(self) -> str:
+        """The monitor's measured CUDA context size per GPU (vgpu/contextsizes.py), read by the device plugin."""
+        return os.path.join(self.state_dir, "context-sizes.json")
+
+    @property
     def claims_dir(self) -> str:
         """Per-claim state of the DRA front end (docs/developers/dra-plugin.md): `<uid>/` and the shared ld.so.preload.
         Under the run dir when there is one: the DRA plugin rebuilds it from its checkpoint."""

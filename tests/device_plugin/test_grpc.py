@@ -407,3 +407,26 @@ def test_systemd_is_told_once_the_plugin_serves(tmp_path: Path, inproc, monkeypa
             sock.recv(64)  # once
     finally:
         sock.close()
+
+
+def test_allocate_passes_the_measured_context_size(kubelet: FakeKubelet, inproc) -> None:
+    """The monitor's measured context size of the container's GPUs (the largest of them) goes to
+    libvgpu.so as VGPU_CONTEXT_RESERVE; without a measurement, no such env (and a bad file is
+    no measurement)."""
+    from vgpu import contextsizes
+
+    p = inproc(device_split_count=2)
+    ep = kubelet.wait_endpoint()
+    g0, g1 = (g.uuid for g in synthetic_gpus())
+    assert "VGPU_CONTEXT_RESERVE" not in ep.allocate([f"{g0}::0"]).envs  # nothing measured yet
+
+    contextsizes.write(p.state.context_sizes_path, {g0: 300 << 20, g1: 500 << 20, "GPU-other": 900 << 20})
+    assert ep.allocate([f"{g0}::1"]).envs["VGPU_CONTEXT_RESERVE"] == str(300 << 20)
+    assert ep.allocate([f"{g0}::0", f"{g1}::0"]).envs["VGPU_CONTEXT_RESERVE"] == str(500 << 20)
+
+    contextsizes.write(p.state.context_sizes_path, {g1: 500 << 20})
+    assert "VGPU_CONTEXT_RESERVE" not in ep.allocate([f"{g0}::1"]).envs  # its GPU not measured
+
+    Path(p.state.context_sizes_path).write_text('{"version": 1, "gpus": {"' + g0 + '": "lots"}}')
+    resp = ep.allocate([f"{g0}::0"])
+    assert "VGPU_CONTEXT_RESERVE" not in resp.envs and valid_token(resp.envs[TOKEN_ENV])

@@ -116,6 +116,29 @@ def test_prepare_6gi_30pct(cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, c
     assert list(cp.claims) == [c.uid] and cp.claims[c.uid].token == rec.token
 
 
+def test_spec_carries_the_measured_context_size(
+    cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
+) -> None:
+    """The monitor's measured context size of the claim's GPU goes into the claim's CDI spec as
+    VGPU_CONTEXT_RESERVE; none before anything is measured on that GPU."""
+    from vgpu import contextsizes
+
+    def env(uid: str) -> list[str]:
+        spec = json.loads((Path(cfg.cdi_dir) / f"vgpu.k8s.io-claim_{uid}.json").read_text())
+        return spec["devices"][0]["containerEdits"]["env"]
+
+    a = claims.make({"gpu": {"memory": "4Gi"}})
+    kubelet.prepare(DRIVER, [a])
+    assert env(a.uid) == [f"VGPU_CLAIM_UID={a.uid}"]  # nothing measured yet
+    contextsizes.write(cfg.paths.context_sizes_path, {GPUS[0].uuid: 300 << 20, GPUS[1].uuid: 500 << 20})
+    b = claims.make({"gpu": {"memory": "4Gi"}}, pods=("pod-b",))
+    kubelet.prepare(DRIVER, [b])
+    token = json.loads((Path(cfg.claims_dir) / b.uid / "claim.json").read_text())["token"]
+    [rec] = [r for r in records(cfg) if r.token == token]
+    want = {GPUS[0].uuid: 300 << 20, GPUS[1].uuid: 500 << 20}[rec.gpus[0].uuid]
+    assert env(b.uid) == [f"VGPU_CLAIM_UID={b.uid}", f"VGPU_CONTEXT_RESERVE={want}"]
+
+
 def test_default_share_without_capacity_request(
     cfg: Settings, plugin: Plugin, kubelet: DRAKubelet, claims: Claims
 ) -> None:

@@ -139,6 +139,73 @@ def test_metrics_status_vgpuctl_and_extra_bytes(node, capsys) -> None:
     del b
 
 
+def test_measured_context_size_is_published_for_the_device_plugin(node) -> None:
+    """The smallest extra bytes of a process on a GPU (its base context: by the simulator's own
+    count, its context_overhead) goes to <state_dir>/context-sizes.json, once, not every pass."""
+    from vgpu import contextsizes
+
+    fakegpu, st, start_monitor, spawn = node
+    overhead = fakegpu.state()["devices"][0]["context_overhead"]
+    assert overhead > 1 * MIB
+    path = st / "context-sizes.json"
+    start_monitor()
+    a = spawn("ctx-a", 50, [fakegpu.burn, "--alloc", "512m", "--kernel-us", "100", "--seconds", "60"])
+    b = spawn("ctx-b", 50, [fakegpu.burn, "--alloc", "1g", "--kernel-us", "100", "--seconds", "60"])
+    for cid, w, charged in (("ctx-a", a, 512 * MIB), ("ctx-b", b, 256 * MIB)):
+        # b's library charged less than it holds: its extra is larger than its context
+        start = int(Path(f"/proc/{w.pid}/stat").read_text().rpartition(")")[2].split()[19])
+        _claim_slot(st / "containers" / cid / "region", 0, w.pid, start, charged)
+    assert poll(lambda: contextsizes.read(str(path)) == {fakegpu.uuids[0]: overhead}, 15), (
+        contextsizes.read(str(path)),
+        overhead,
+    )
+    written = path.stat().st_mtime_ns
+    time.sleep(2.5)  # several passes with the same measurement: no rewrite
+    assert path.stat().st_mtime_ns == written
+    assert contextsizes.read(str(path)) == {fakegpu.uuids[0]: overhead}  # GPU 1 has no process: unknown
+
+
+def test_program_filling_its_limit_at_once_with_the_measured_reserve_is_not_killed(node) -> None:
+    """End to end on one node: the monitor measures the context of a first process; a container
+    given that size as VGPU_CONTEXT_RESERVE (what the front ends hand out, reserve_for) through
+    libvgpu.so allocates its whole limit at once and stays within it by the simulator's own count.
+    The same program without it puts limit + context on the GPU and the backstop kills it."""
+    from vgpu import contextsizes
+
+    fakegpu, st, start_monitor, spawn = node
+    mon = start_monitor("--backstop-action", "kill", "--backstop-grace-s", "0.5")
+    first = spawn("first", 30, [fakegpu.burn, "--alloc", "256m", "--seconds", "0", "--hold", "60"], 2 * GIB)
+    start = int(Path(f"/proc/{first.pid}/stat").read_text().rpartition(")")[2].split()[19])
+    _claim_slot(st / "containers" / "first" / "region", 0, first.pid, start, 256 * MIB)
+    path = str(st / "context-sizes.json")
+    assert poll(lambda: contextsizes.read(path).get(fakegpu.uuids[0]), 15)
+    reserve = contextsizes.reserve_for(path, [fakegpu.uuids[0]])
+    overhead = fakegpu.state()["devices"][0]["context_overhead"]
+    assert reserve == overhead
+
+    def lib(cid: str) -> dict[str, str]:
+        d = st / "containers" / cid
+        return {"LD_PRELOAD": str(ROOT / "build" / "libvgpu.so"), "VGPU_LIMITS_FILE": str(d / "limits"),
+                "VGPU_REGION_FILE": str(d / "region")}  # fmt: skip
+
+    argv = [str(ROOT / "build" / "intercept" / "cutest"), "gpa", "init", *["alloc", str(512 * MIB)] * 4]
+    argv += ["sleepms", "60000"]
+    fits = spawn("fits", 30, argv, 2 * GIB, env={**lib("fits"), "VGPU_CONTEXT_RESERVE": str(reserve)})
+    over = spawn("over", 30, argv, 2 * GIB, env=lib("over"))
+
+    def used(pid: int) -> int:
+        return sum(d["used"] for p in fakegpu.state()["processes"] if p["host_pid"] == pid for d in p["devices"])
+
+    assert poll(lambda: over.proc.poll() is not None, 15)  # 4 x 512 MiB + its context on a 2 GiB share
+    assert over.proc.returncode == -signal.SIGKILL
+    assert poll(lambda: used(fits.pid) == 3 * 512 * MIB + overhead, 10)  # the 4th chunk was refused
+    time.sleep(1.5)  # past the backstop's grace
+    assert fits.proc.poll() is None and used(fits.pid) <= 2 * GIB
+    text = mon.scrape()
+    assert metric(text, "vgpu_container_backstop_actions_total", container_id="fits", action="kill") == 0
+    assert metric(text, "vgpu_container_backstop_actions_total", container_id="over", action="kill") == 1
+
+
 def test_kill9_monitor_guardian_resumes_and_restart_replays(node) -> None:
     fakegpu, st, start_monitor, spawn = node
     mon = start_monitor("--policy", "strict", "--max-suspend-ms", "5000", "--duty-period-ms", "2000")

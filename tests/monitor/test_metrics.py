@@ -22,7 +22,7 @@ U1 = "GPU-00000000-0000-0000-0000-00000000000b"
 GIB = 1 << 30
 # What Prometheus 2.42 sends (scrape/scrape.go, scrapeAcceptHeader): OpenMetrics first.
 # docs/operators/metrics.md, "Error kinds"
-ERROR_KINDS = ("actuate", "gc", "loop", "nvml", "nvml_call", "nvml_hang", "region_write", "status")
+ERROR_KINDS = ("actuate", "context_sizes", "gc", "loop", "nvml", "nvml_call", "nvml_hang", "region_write", "status")
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
