@@ -60,15 +60,6 @@ struct exec_info {
     uint64_t *frees; /* addresses its free nodes free */
 };
 
-#define NEED(fn)                            \
-    do {                                    \
-        vgpu_resolve_cuda();                \
-        if (UNLIKELY(!REAL(fn)))            \
-            return CUDA_ERROR_NOT_FOUND;    \
-    } while (0)
-
-static int active(void) { return !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE; }
-
 static int gmem_attr(int d, int attr, uint64_t *v)
 {
     int ord = g_ordinal[d] - 1;
@@ -256,7 +247,7 @@ void vgpu_graph_freed(CUdeviceptr p)
 static CUresult instantiate(CUgraphExec *px, CUgraph g, unsigned long long flags, int upload,
                             CUresult (*call)(const void *), const void *args)
 {
-    if (!active())
+    if (!vgpu_hook_active())
         return call(args);
     struct exec_info *in;
     CUresult rc = CUDA_SUCCESS;
@@ -381,7 +372,7 @@ VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec x)
 {
     NEED(cuGraphExecDestroy);
     CUresult rc = REAL(cuGraphExecDestroy)(x);
-    if (rc == CUDA_SUCCESS && __atomic_load_n(&g_mem_execs, __ATOMIC_RELAXED) && active()) {
+    if (rc == CUDA_SUCCESS && __atomic_load_n(&g_mem_execs, __ATOMIC_RELAXED) && vgpu_hook_active()) {
         struct vgpu_rec r;
         pthread_mutex_lock(&g_graph_mu);
         if (vgpu_track_take(&vgpu_t_exec, (uint64_t)(uintptr_t)x, &r)) {
@@ -403,7 +394,7 @@ static __attribute__((noinline)) CUresult launch_mem(CUresult (*fn)(CUgraphExec,
 {
     if (!fn)
         return CUDA_ERROR_NOT_FOUND;
-    if (!active())
+    if (!vgpu_hook_active())
         return fn(x, s);
     pthread_mutex_lock(&g_graph_mu);
     struct exec_info *in = info_get(x);
@@ -457,7 +448,7 @@ VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
     NEED(cuDeviceGraphMemTrim);
     CUresult rc = REAL(cuDeviceGraphMemTrim)(dev);
-    if (rc == CUDA_SUCCESS && active()) {
+    if (rc == CUDA_SUCCESS && vgpu_hook_active()) {
         int idx = vgpu_dev_index(dev);
         if (idx >= 0) {
             pthread_mutex_lock(&g_graph_mu);

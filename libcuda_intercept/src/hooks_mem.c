@@ -89,13 +89,6 @@ int vgpu_remember(struct vgpu_track *t, uint64_t key, uint64_t size, int idx, un
 }
 #define remember vgpu_remember
 
-#define NEED(fn)                            \
-    do {                                    \
-        vgpu_resolve_cuda();                \
-        if (UNLIKELY(!REAL(fn)))            \
-            return CUDA_ERROR_NOT_FOUND;    \
-    } while (0)
-
 /* ------------------------------------------------------------ cuMemAlloc */
 
 /* The device allocation failed for lack of physical memory (non-vGPU users,

@@ -43,15 +43,6 @@ pthread_mutex_t vgpu_cache_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 #define g_pool_mu vgpu_cache_mu
 static int g_dirty; /* a pool allocation was freed since the last look at the reservations */
 
-#define NEED(fn)                            \
-    do {                                    \
-        vgpu_resolve_cuda();                \
-        if (UNLIKELY(!REAL(fn)))            \
-            return CUDA_ERROR_NOT_FOUND;    \
-    } while (0)
-
-static int active(void) { return !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE; }
-
 static int reserved_of(CUmemoryPool p, uint64_t *r)
 {
     return REAL(cuMemPoolGetAttribute) && REAL(cuMemPoolGetAttribute)(p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, r) ==
@@ -118,7 +109,7 @@ static int pool_rec(CUmemoryPool p, int ord, struct vgpu_rec *r)
 
 static void note_pool(CUmemoryPool p, int ord, unsigned kind)
 {
-    if (!p || !active())
+    if (!p || !vgpu_hook_active())
         return;
     pthread_mutex_lock(&g_pool_mu);
     struct vgpu_rec r;
@@ -177,7 +168,7 @@ static CUresult alloc_async(alloc_fn fn, pool_alloc_fn pfn, free_fn ffn, CUdevic
                             CUmemoryPool pool, CUstream s, int per_thread)
 {
 #define FORWARD() (pfn ? pfn(dptr, n, pool, s) : fn(dptr, n, s))
-    if (!active() || capturing(s, per_thread))
+    if (!vgpu_hook_active() || capturing(s, per_thread))
         return FORWARD(); /* capturing: a graph allocation node, charged at launch */
     CUdevice ord = -1;
     if (REAL(cuCtxGetDevice) && REAL(cuCtxGetDevice)(&ord) != CUDA_SUCCESS)
@@ -332,7 +323,7 @@ VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
     NEED(cuMemPoolTrimTo);
     CUresult rc = REAL(cuMemPoolTrimTo)(pool, keep);
-    if (rc == CUDA_SUCCESS && active()) {
+    if (rc == CUDA_SUCCESS && vgpu_hook_active()) {
         pthread_mutex_lock(&g_pool_mu);
         struct vgpu_rec r;
         if (vgpu_track_get(&vgpu_t_pool, (uint64_t)(uintptr_t)pool, &r)) {
@@ -348,7 +339,7 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     NEED(cuMemPoolDestroy);
     CUresult rc = REAL(cuMemPoolDestroy)(pool);
-    if (rc == CUDA_SUCCESS && active()) {
+    if (rc == CUDA_SUCCESS && vgpu_hook_active()) {
         pthread_mutex_lock(&g_pool_mu);
         struct vgpu_rec r;
         if (vgpu_track_get(&vgpu_t_pool, (uint64_t)(uintptr_t)pool, &r)) {
@@ -371,9 +362,9 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 /* After a free, a synchronisation is where pools give memory back: look at the reservations. */
 static CUresult after_sync(CUresult rc)
 {
-    if (UNLIKELY(__atomic_load_n(&g_dirty, __ATOMIC_RELAXED)) && active())
+    if (UNLIKELY(__atomic_load_n(&g_dirty, __ATOMIC_RELAXED)) && vgpu_hook_active())
         vgpu_pools_refresh(-1);
-    if (active())
+    if (vgpu_hook_active())
         vgpu_os_reap(0); /* host-backed memory freed in stream order, its stream now done */
     return rc;
 }

@@ -27,15 +27,6 @@
 #include "sysio.h"
 #include "vgpu.h"
 
-#define NEED(fn)                            \
-    do {                                    \
-        vgpu_resolve_cuda();                \
-        if (UNLIKELY(!REAL(fn)))            \
-            return CUDA_ERROR_NOT_FOUND;    \
-    } while (0)
-
-static int active(void) { return !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE; }
-
 /* ---------------------------------------------------------- local holds */
 
 static int hold_inc(struct vgpu_rec *r, void *arg, int *rm)
@@ -124,7 +115,7 @@ VGPU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 {
     NEED(cuIpcGetMemHandle);
     CUresult rc = REAL(cuIpcGetMemHandle)(h, p);
-    if (rc == CUDA_SUCCESS && h && active()) {
+    if (rc == CUDA_SUCCESS && h && vgpu_hook_active()) {
         uint64_t ref = share_object(&vgpu_t_ptr, p);
         if (ref)
             vgpu_rgn_share_add_key(ref, hash64(h, sizeof *h));
@@ -144,7 +135,7 @@ static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned)
                          unsigned flags)
 {
     CUresult rc = fn(pp, h, flags);
-    if (rc != CUDA_SUCCESS || !pp || !active())
+    if (rc != CUDA_SUCCESS || !pp || !vgpu_hook_active())
         return rc;
     /* opened before in this process: the driver hands out the same pointer, counted */
     if (vgpu_track_update(&vgpu_t_ipc, *pp, open_inc, NULL) == 0)
@@ -201,7 +192,7 @@ VGPU_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
     NEED(cuIpcCloseMemHandle);
     CUresult rc = REAL(cuIpcCloseMemHandle)(p);
     uint64_t ref = 0;
-    if (rc == CUDA_SUCCESS && active() && vgpu_track_update(&vgpu_t_ipc, p, open_dec, &ref) == 1 && ref)
+    if (rc == CUDA_SUCCESS && vgpu_hook_active() && vgpu_track_update(&vgpu_t_ipc, p, open_dec, &ref) == 1 && ref)
         vgpu_share_release(ref);
     return rc;
 }
@@ -213,7 +204,7 @@ VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocat
 {
     NEED(cuMemExportToShareableHandle);
     CUresult rc = REAL(cuMemExportToShareableHandle)(out, h, type, flags);
-    if (rc != CUDA_SUCCESS || !out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !active())
+    if (rc != CUDA_SUCCESS || !out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !vgpu_hook_active())
         return rc;
     uint64_t ref = share_object(&vgpu_t_vmm, h);
     if (!ref)
@@ -236,7 +227,7 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
 {
     NEED(cuMemImportFromShareableHandle);
     CUresult rc = REAL(cuMemImportFromShareableHandle)(h, os_handle, type);
-    if (rc != CUDA_SUCCESS || !h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !active())
+    if (rc != CUDA_SUCCESS || !h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !vgpu_hook_active())
         return rc;
     int fd = (int)(intptr_t)os_handle;
     struct alloc_prop_full prop;

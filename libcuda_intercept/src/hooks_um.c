@@ -20,13 +20,6 @@
 #include "oversub.h"
 #include "vgpu.h"
 
-#define NEED(fn)                         \
-    do {                                 \
-        vgpu_resolve_cuda();             \
-        if (UNLIKELY(!REAL(fn)))         \
-            return CUDA_ERROR_NOT_FOUND; \
-    } while (0)
-
 static int guarded(void) { return !vgpu_in_hook && vgpu_status() == VGPU_ST_ACTIVE; }
 
 /* 1 if this advice would let the driver move pages of [p, p+n) onto a device */

@@ -210,4 +210,15 @@ uint64_t vgpu_share_hold(uint64_t ref); /* one more local hold of ref (already h
 /* re-entrancy guard: a hook entered from inside another hook passes through */
 extern VGPU_TLS int vgpu_in_hook;
 
+/* In a hook: the real `fn`, resolved on first use, or CUDA_ERROR_NOT_FOUND from the hook. */
+#define NEED(fn)                         \
+    do {                                 \
+        vgpu_resolve_cuda();             \
+        if (UNLIKELY(!REAL(fn)))         \
+            return CUDA_ERROR_NOT_FOUND; \
+    } while (0)
+
+/* A hook accounts: not entered from inside another hook, and the library not inactive. */
+static inline int vgpu_hook_active(void) { return !vgpu_in_hook && vgpu_status() != VGPU_ST_INACTIVE; }
+
 #endif
