@@ -11,13 +11,8 @@ NVIDIA runtime with our prestart hook (the demo's harness, packaging/demo/vgpu_d
 
 from __future__ import annotations
 
-import base64
-import json
-import re
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,11 +23,10 @@ if str(DEMO_DIR) not in sys.path:
 
 from vgpu_demo import scenario  # noqa: E402
 
-from sim.admission import admission_review  # noqa: E402
-from sim.kubeapi import KubeAPI, apply_json_patch, node_object, pod_object  # noqa: E402
+from sim.kubeapi import KubeAPI, node_object, pod_object  # noqa: E402
 from sim.kubescheduler import ExtenderConfig, KubeScheduler  # noqa: E402
+from tests.support import scheduler  # noqa: E402
 from tests.support.hook import have_runc  # noqa: E402
-from tests.support.http import post_ok  # noqa: E402
 from tests.support.poll import wait_for  # noqa: E402
 from vgpu import scheduling as sc  # noqa: E402
 from vgpu.paths import Paths  # noqa: E402
@@ -49,25 +43,9 @@ pytestmark = [
 ]
 
 
-def _scheduler(demo: Any, kc: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
-    proc = demo._spawn([sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc)], name)
-
-    def port() -> int:
-        assert proc.poll() is None, demo.tail(name)
-        m = re.search(r"serving on 127\.0\.0\.1:(\d+)", demo.tail(name, 50))
-        return int(m.group(1)) if m else 0
-
-    return proc, f"http://127.0.0.1:{wait_for(port, 30, 'vgpu-scheduler to serve', step=0.1)}"
-
-
 def _create(api: KubeAPI, url: str, name: str) -> None:
     lim = {sc.RESOURCE_GPU: "1", sc.RESOURCE_MEM: str(20 * 1024)}
-    pod = pod_object(name, [("main", lim)], annotations={sc.MIG_ANNOTATION: "true"})
-    review = post_ok(f"{url}/webhook", admission_review(pod, "default"))["response"]
-    assert review["allowed"], review
-    if review.get("patch"):
-        pod = apply_json_patch(pod, json.loads(base64.b64decode(review["patch"])))
-    api.create("pods", pod)
+    api.create("pods", scheduler.admit(url, pod_object(name, [("main", lim)], annotations={sc.MIG_ANNOTATION: "true"})))
 
 
 def _schedule(api: KubeAPI, url: str, name: str) -> sc.GPUAssignment:
@@ -102,7 +80,7 @@ def test_twenty_gib_get_a_1g_35gb_instance_made_and_destroyed(build_dir: Path, t
         assert demo.gpu.mig_devices() == []
 
         # 2. the scheduler: the smallest profile holding 20 GiB is 1g.35gb (1g.18gb has 16 GiB)
-        sched, url = _scheduler(demo, kc, "vgpu-scheduler")
+        sched, url = scheduler.start(demo, kc)
         _create(api, url, "train")
         g = _schedule(api, url, "train")
         assert isinstance(g.mig, sc.MigAssignment)
@@ -112,7 +90,7 @@ def test_twenty_gib_get_a_1g_35gb_instance_made_and_destroyed(build_dir: Path, t
         #    gets another placement, although the instance is not made yet
         sched.terminate()
         sched.wait(15)
-        _sched2, url2 = _scheduler(demo, kc, "vgpu-scheduler-2")
+        _sched2, url2 = scheduler.start(demo, kc, "vgpu-scheduler-2")
         _create(api, url2, "second")
         g2 = _schedule(api, url2, "second")
         assert isinstance(g2.mig, sc.MigAssignment) and (g2.mig.profile, g2.mig.start) == ("1g.35gb", 4)

@@ -11,12 +11,9 @@ harness, packaging/demo/vgpu_demo).
 
 from __future__ import annotations
 
-import base64
 import json
-import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,11 +24,10 @@ if str(DEMO_DIR) not in sys.path:
 
 from vgpu_demo import scenario  # noqa: E402
 
-from sim.admission import admission_review  # noqa: E402
-from sim.kubeapi import KubeAPI, apply_json_patch, node_object, pod_object  # noqa: E402
+from sim.kubeapi import KubeAPI, node_object, pod_object  # noqa: E402
 from sim.kubescheduler import ExtenderConfig, KubeScheduler  # noqa: E402
+from tests.support import scheduler  # noqa: E402
 from tests.support.hook import have_runc  # noqa: E402
-from tests.support.http import post_ok  # noqa: E402
 from tests.support.poll import wait_for  # noqa: E402
 from vgpu import scheduling as sc  # noqa: E402
 from vgpu.paths import Paths  # noqa: E402
@@ -46,12 +42,6 @@ pytestmark = [
     pytest.mark.skipif(not have_runc(), reason="needs root, runc and busybox-static"),
     pytest.mark.timeout(300),
 ]
-
-
-def _admission(url: str, pod: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = post_ok(f"{url}/webhook", admission_review(pod, "default"))["response"]
-    assert out["allowed"], out
-    return out
 
 
 def test_decided_size_reaches_the_container(build_dir: Path, tmp_path: Path) -> None:
@@ -73,23 +63,11 @@ def test_decided_size_reaches_the_container(build_dir: Path, tmp_path: Path) -> 
         assert [g.uuid for g in inv.gpus] == [gpu["uuid"]] and inv.gpus[0].memory_schedulable == gpu["memory"]
 
         # 2. the extender + webhook process
-        sched = demo._spawn(
-            [sys.executable, "-m", "vgpu_scheduler", "--bind", "127.0.0.1:0", "--kubeconfig", str(kc)],
-            "vgpu-scheduler",
-        )
-
-        def port() -> int:
-            assert sched.poll() is None, demo.tail("vgpu-scheduler")
-            m = re.search(r"serving on 127\.0\.0\.1:(\d+)", demo.tail("vgpu-scheduler", 50))
-            return int(m.group(1)) if m else 0
-
-        url = f"http://127.0.0.1:{wait_for(port, 30, 'vgpu-scheduler to serve', step=0.1)}"
+        _sched, url = scheduler.start(demo, kc)
 
         # 3. the pod, through the webhook (schedulerName set, sizes validated), then created
         pod = pod_object("train", [("main", {sc.RESOURCE_GPU: "1", sc.RESOURCE_MEM: "3072", sc.RESOURCE_CORES: "30"})])
-        review = _admission(url, pod)
-        if review.get("patch"):
-            pod = apply_json_patch(pod, json.loads(base64.b64decode(review["patch"])))
+        pod = scheduler.admit(url, pod)
         assert pod["spec"]["schedulerName"] == "vgpu-scheduler"
         api.create("pods", pod)
 
